@@ -1,0 +1,279 @@
+"""Two-expert Gemma: one attention over the tokens of every expert, per-expert weights.
+
+pi0.5 runs the PaliGemma backbone (expert 0) on the prefix and the action expert (expert 1, adaRMS
+conditioned on the flow-matching time) on the suffix. Param names and shapes are openpi's, so openpi
+checkpoints load unchanged: expert 0's modules carry the plain name (`attn/q_einsum`), expert i > 0 the
+suffix `_i` (`attn/q_einsum_1`).
+
+Einsum axes:
+  B batch, T query length, S key/value length, N query heads, K kv heads, G query heads per kv head,
+  H head dim, D model width, F mlp width.
+
+Instead of openpi's "concatenate the cache inside attention and return it", every call returns only the
+new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache, a slot of the decode
+batch state, or nowhere for denoising). Attention always runs over `[cache columns | new tokens]`.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Fill value openpi (and the Gemma reference) uses for masked attention logits.
+MASKED_LOGIT = -2.3819763e38
+_RMS_EPS = 1e-6
+
+
+@dataclasses.dataclass(frozen=True)
+class GemmaConfig:
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+def _name(base: str, expert: int) -> str:
+    return base if expert == 0 else f"{base}_{expert}"
+
+
+class Einsum(nn.Module):
+    """A single weight `w` applied with an einsum, cast to the activation dtype."""
+
+    shape: tuple[int, ...]
+    init_fn: nn.initializers.Initializer
+
+    @nn.compact
+    def __call__(self, eqn: str, x: jax.Array) -> jax.Array:
+        w = self.param("w", self.init_fn, self.shape)
+        return jnp.einsum(eqn, x, w.astype(x.dtype))
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with zero-centred scale; adaRMS (scale, shift, gate from `cond`) when cond is given.
+
+    Normalization, scale and shift are computed in float32 and cast back to the input dtype.
+    Returns (normed, gate); gate is None for plain RMSNorm.
+    """
+
+    @nn.compact
+    def __call__(self, x: jax.Array, cond: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+        dtype = x.dtype
+        var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
+        normed = x * jnp.reciprocal(jnp.sqrt(var + _RMS_EPS))
+        if cond is None:
+            scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
+            return (normed * (1 + scale)).astype(dtype), None
+        modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
+        scale, shift, gate = jnp.split(modulation[:, None, :], 3, axis=-1)
+        return (normed * (1 + scale) + shift).astype(dtype), gate
+
+
+class FeedForward(nn.Module):
+    """GeGLU: gelu(x W0) * (x W1) W2 with tanh-approximate gelu."""
+
+    width: int
+    mlp_dim: int
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        w_gating = self.param(
+            "gating_einsum",
+            nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
+            (2, self.width, self.mlp_dim),
+        ).astype(x.dtype)
+        hidden = nn.gelu(jnp.dot(x, w_gating[0])) * jnp.dot(x, w_gating[1])
+        w_linear = self.param(
+            "linear", nn.initializers.lecun_normal(in_axis=-2, out_axis=-1), (self.mlp_dim, self.width)
+        ).astype(x.dtype)
+        return jnp.dot(hidden, w_linear)
+
+
+def _split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Veltkamp split of float32 x into two 12-bit halves whose pairwise products are exact."""
+    c = x * 4097.0
+    hi = c - (c - x)
+    return hi, x - hi
+
+
+def divide_correctly_rounded(a: jax.Array, b: jax.Array) -> jax.Array:
+    """float32 a / b rounded as IEEE division rounds it.
+
+    XLA:CPU lowers float32 division to a reciprocal-based sequence that can be 1 ulp off; at RoPE
+    angles of several hundred radians that ulp moves keys by ~3e-5. One Newton correction with an
+    exactly computed residual restores the IEEE quotient, so keys match openpi's reference bit-close.
+    """
+    q = a / b
+    q_hi, q_lo = _split(q)
+    b_hi, b_lo = _split(b)
+    residual = ((q_hi * b_hi - a) + q_hi * b_lo + q_lo * b_hi) + q_lo * b_lo
+    return q - residual / b
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_000.0) -> jax.Array:
+    """Rotary embedding over split halves of H, computed in float32. x: [B, T, N, H], positions: [B, T]."""
+    half = x.shape[-1] // 2
+    timescale = max_wavelength ** ((2.0 / x.shape[-1]) * jnp.arange(half, dtype=jnp.float32))
+    radians = divide_correctly_rounded(positions[..., None].astype(jnp.float32), timescale)[..., None, :]
+    sin, cos = jnp.sin(radians), jnp.cos(radians)
+    x1, x2 = x[..., :half], x[..., half:]
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+class Attention(nn.Module):
+    """Joint MQA over all experts' tokens, attending `[cache | new tokens]` under `mask` [B, T, S]."""
+
+    configs: tuple[GemmaConfig, ...]
+
+    @nn.compact
+    def __call__(self, xs, positions, mask, kv_cache):
+        cfg = self.configs[0]
+        dtype = next(x.dtype for x in xs if x is not None)
+        qs, ks, vs = [], [], []
+        for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
+            if x is None:
+                continue
+            q_proj = Einsum(
+                (c.num_heads, c.width, c.head_dim),
+                nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
+                name=_name("q_einsum", i),
+            )
+            kv_proj = Einsum(
+                (2, c.num_kv_heads, c.width, c.head_dim),
+                nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
+                name=_name("kv_einsum", i),
+            )
+            qs.append(q_proj("BTD,NDH->BTNH", x))
+            k, v = kv_proj("BSD,2KDH->2BSKH", x)
+            ks.append(k)
+            vs.append(v)
+        q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
+
+        q = apply_rope(q, positions) * cfg.head_dim**-0.5
+        k_new = apply_rope(k_new, positions)
+        if kv_cache is None:
+            k, v = k_new, v_new
+        else:
+            k = jnp.concatenate([kv_cache[0].astype(dtype), k_new], axis=1)
+            v = jnp.concatenate([kv_cache[1].astype(dtype), v_new], axis=1)
+
+        q = q.reshape(*q.shape[:2], cfg.num_kv_heads, -1, cfg.head_dim)
+        logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+        logits = jnp.where(mask[:, None, None, :, :], logits, MASKED_LOGIT)
+        probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
+        encoded = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v)
+        encoded = encoded.reshape(*encoded.shape[:2], -1, cfg.head_dim)
+
+        out, start = [], 0
+        for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
+            if x is None:
+                out.append(None)
+                continue
+            o_proj = Einsum(
+                (c.num_heads, c.head_dim, c.width),
+                nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1),
+                name=_name("attn_vec_einsum", i),
+            )
+            out.append(o_proj("BTNH,NHD->BTD", encoded[:, start : start + x.shape[1]]))
+            start += x.shape[1]
+        return out, (k_new, v_new)
+
+
+def _gated_residual(x, y, gate):
+    if x is None:
+        return None
+    return x + y if gate is None else x + y * gate
+
+
+class Block(nn.Module):
+    """Pre-norm transformer layer shared by all experts (scanned over depth)."""
+
+    configs: tuple[GemmaConfig, ...]
+
+    @nn.compact
+    def __call__(self, xs, kv_cache, positions, mask, adarms_cond):
+        normed, gates = [], []
+        for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
+            n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
+            normed.append(n)
+            gates.append(g)
+        attn_out, new_kv = Attention(self.configs, name="attn")(normed, positions, mask, kv_cache)
+        xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
+
+        ffn_out, gates = [], []
+        for i, (x, cond, c) in enumerate(zip(xs, adarms_cond, self.configs, strict=True)):
+            if x is None:
+                ffn_out.append(None)
+                gates.append(None)
+                continue
+            n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, cond)
+            ffn_out.append(FeedForward(c.width, c.mlp_dim, name=_name("mlp", i))(n))
+            gates.append(g)
+        xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, ffn_out, gates, strict=True)]
+        return xs, new_kv
+
+
+class Embedder(nn.Module):
+    """The token embedding table, shared by the input embedding and the language head."""
+
+    vocab_size: int
+    width: int
+
+    def setup(self):
+        self.table = self.param("input_embedding", nn.initializers.normal(), (self.vocab_size, self.width))
+
+
+class Gemma(nn.Module):
+    """The layer stack of all experts plus the expert-0 embedder (tied with the language head)."""
+
+    configs: tuple[GemmaConfig, ...]
+    vocab_size: int
+    dtype: str
+
+    def setup(self):
+        self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
+        self.layers = nn.scan(
+            Block,
+            variable_axes={"params": 0},
+            split_rngs={"params": True},
+            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
+            length=self.configs[0].depth,
+        )(self.configs)
+        self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
+
+    def embed(self, tokens: jax.Array) -> jax.Array:
+        """Token ids [B, T] -> [B, T, D] scaled by sqrt(D) in the table dtype, then cast (as openpi)."""
+        x = self.embedder.table[(tokens,)]
+        return (x * jnp.sqrt(self.configs[0].width).astype(x.dtype)).astype(self.dtype)
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Tied language head: final-normed hidden [..., D] -> float32 logits [..., vocab]."""
+        table = self.embedder.table.astype(hidden.dtype)
+        return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
+
+    def __call__(
+        self,
+        embedded: Sequence[jax.Array | None],
+        positions: jax.Array,
+        mask: jax.Array,
+        adarms_cond: Sequence[jax.Array | None] | None = None,
+        kv_cache: tuple[jax.Array, jax.Array] | None = None,
+    ):
+        """Runs every expert's tokens through the stack.
+
+        embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
+        kv_cache: (k, v) [depth, B, S_cache, K, H] of earlier columns or None.
+        Returns (final-normed outputs per expert, (k, v) [depth, B, T, K, H] of the new tokens).
+        """
+        embedded = [None if e is None else e.astype(self.dtype) for e in embedded]
+        if adarms_cond is None:
+            adarms_cond = [None] * len(self.configs)
+        out, new_kv = self.layers(embedded, kv_cache, positions, mask, adarms_cond)
+        normed = [
+            None if e is None else norm(e, cond)[0]
+            for norm, e, cond in zip(self.final_norms, out, adarms_cond, strict=True)
+        ]
+        return normed, new_kv

@@ -1,0 +1,139 @@
+"""PaliGemma sentencepiece tokenizer with openpi's prompt formats (pi0, pi0.5 discrete state, subtask).
+
+Token ids must match openpi bit for bit: the model was trained on exactly these strings, so any drift in
+cleaning, state binning, bos/newline placement or padding changes the prefix the model sees.
+"""
+
+import logging
+import os
+import pathlib
+import string
+from collections.abc import Sequence
+
+import numpy as np
+import sentencepiece
+
+logger = logging.getLogger(__name__)
+
+TOKENIZER_URL = "gs://big_vision/paligemma_tokenizer.model"
+_RELATIVE_PATH = pathlib.Path("big_vision") / "paligemma_tokenizer.model"
+_STANDIN_PATH = "../shared/golden/tokenizer/tiny_paligemma_standin.model"
+
+# Padding is the literal id 0 (openpi pads with `False`), independent of the sentencepiece model.
+PAD_ID = 0
+# PaliGemma's end-of-sequence id; generated text ends here.
+EOS_ID = 1
+STATE_BINS = 256
+
+
+def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathlib.Path:
+    """Find the tokenizer model: `path` if given, else openpi's cache ($OPENPI_DATA_HOME, ~/.cache/openpi).
+
+    An explicit `path` is never silently replaced by a cached file: a typo must not load another tokenizer.
+    """
+    if path is not None:
+        candidates = [pathlib.Path(path).expanduser()]
+    else:
+        candidates = []
+        data_home = os.environ.get("OPENPI_DATA_HOME")
+        if data_home:
+            candidates.append(pathlib.Path(data_home).expanduser() / _RELATIVE_PATH)
+        candidates.append(pathlib.Path("~/.cache/openpi").expanduser() / _RELATIVE_PATH)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    tried = "\n".join(f"  - {c}" for c in candidates)
+    raise FileNotFoundError(
+        f"PaliGemma tokenizer model not found. Tried:\n{tried}\n"
+        f"The file is openpi's {TOKENIZER_URL} (openpi downloads it into its cache, "
+        f"$OPENPI_DATA_HOME or ~/.cache/openpi, under {_RELATIVE_PATH}). "
+        f"Tests use the stand-in {_STANDIN_PATH}."
+    )
+
+
+def clean_prompt(prompt: str) -> str:
+    """openpi's prompt cleaning: strip, and turn underscores and newlines into spaces (case is kept)."""
+    return prompt.strip().replace("_", " ").replace("\n", " ")
+
+
+def discretize_state(state: np.ndarray) -> np.ndarray:
+    """Map a normalized state in [-1, 1] to 256 bins (0..255), the pi0.5 discrete-state convention."""
+    return np.digitize(state, bins=np.linspace(-1, 1, STATE_BINS + 1)[:-1]) - 1
+
+
+def pad_or_truncate(tokens: Sequence[int], max_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad with PAD_ID to `max_len` (mask False there), or cut to `max_len` with a warning."""
+    if len(tokens) > max_len:
+        logger.warning(
+            "Token length (%d) exceeds max length (%d), truncating. "
+            "Consider increasing the `max_token_len` in your model config if this happens frequently.",
+            len(tokens),
+            max_len,
+        )
+    tokens = list(tokens[:max_len])
+    num_valid = len(tokens)
+    ids = np.full((max_len,), PAD_ID, dtype=np.int32)
+    ids[:num_valid] = tokens
+    mask = np.arange(max_len) < num_valid
+    return ids, mask
+
+
+class Tokenizer:
+    """PaliGemma tokenizer producing fixed-length (ids int32 [max_len], mask bool [max_len]) prompts."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None, max_len: int = 48) -> None:
+        self.path = resolve_tokenizer_path(path)
+        self.max_len = max_len
+        self._sp = sentencepiece.SentencePieceProcessor(model_proto=self.path.read_bytes())
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.vocab_size()
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def bos_id(self) -> int:
+        return self._sp.bos_id()
+
+    def tokenize(self, prompt: str, state: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Without `state`: pi0 format `<bos>prompt` + `\\n`; with it: the pi0.5 discrete-state format."""
+        cleaned = clean_prompt(prompt)
+        if state is None:
+            # "\n" is encoded on its own: it is the start-of-answer token.
+            tokens = self._sp.encode(cleaned, add_bos=True) + self._sp.encode("\n")
+        else:
+            state_str = " ".join(map(str, discretize_state(np.asarray(state))))
+            tokens = self._sp.encode(f"Task: {cleaned}, State: {state_str};\nAction: ", add_bos=True)
+        return pad_or_truncate(tokens, self.max_len)
+
+    def tokenize_subtask(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
+        """Prompt that asks the language head for a subtask: `<bos>Task: {text}. Subtask: `.
+
+        `text` is the cleaned, lower-cased prompt with one trailing punctuation mark replaced by ".".
+        Over-long prompts are truncated like `tokenize`.
+        """
+        cleaned = clean_prompt(prompt.lower())
+        if cleaned and cleaned[-1] in string.punctuation:
+            cleaned = cleaned[:-1]
+        tokens = self._sp.encode(f"Task: {cleaned}. Subtask: ", add_bos=True)
+        return pad_or_truncate(tokens, self.max_len)
+
+    def detokenize(self, ids: Sequence[int] | np.ndarray) -> str:
+        """Text of a 1-D id sequence up to the first EOS, without padding.
+
+        Ids outside the vocabulary (negative or >= vocab_size, which random-init models emit) are dropped.
+        """
+        arr = np.asarray(ids).astype(np.int64)
+        if arr.ndim != 1:
+            raise ValueError(f"detokenize expects a 1-D id sequence, got shape {arr.shape}")
+        ids_list = arr.tolist()
+        if EOS_ID in ids_list:
+            ids_list = ids_list[: ids_list.index(EOS_ID)]
+        return self._sp.decode([i for i in ids_list if i != PAD_ID and 0 <= i < self.vocab_size])

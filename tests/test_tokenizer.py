@@ -1,0 +1,119 @@
+"""Tokenizer parity with openpi's PaliGemma prompt formats, checked on the golden stand-in model."""
+
+import json
+import logging
+import pathlib
+
+import numpy as np
+import pytest
+
+from oxygen_jax.tokenizer import Tokenizer, discretize_state, resolve_tokenizer_path
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "golden"
+STANDIN = GOLDEN / "tokenizer" / "tiny_paligemma_standin.model"
+CASES = json.loads((GOLDEN / "tokenizer" / "tokenizer_cases.json").read_text())["cases"]
+# The prompt of batch element 0 in model_io.npz, from which the golden subtask prompt was made.
+SUBTASK_SOURCE_PROMPT = "pick up the black bowl and place it on the plate"
+
+
+@pytest.fixture(scope="module")
+def tok() -> Tokenizer:
+    return Tokenizer(STANDIN, max_len=48)
+
+
+def _tokenize_case(tok: Tokenizer, case: dict) -> tuple[np.ndarray, np.ndarray]:
+    state = None if case["state"] is None else np.asarray(case["state"], dtype=np.float32)
+    return Tokenizer(tok.path, max_len=case["max_len"]).tokenize(case["prompt"], state)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_golden_case(tok: Tokenizer, case: dict, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        ids, mask = _tokenize_case(tok, case)
+    assert ids.dtype == np.int32 and mask.dtype == np.bool_
+    assert ids.shape == mask.shape == (case["max_len"],)
+    np.testing.assert_array_equal(ids, np.asarray(case["tokens"]))
+    np.testing.assert_array_equal(mask, np.asarray(case["mask"]))
+    assert int(mask.sum()) == case["num_valid"]
+    if "pieces" in case:
+        assert [tok._sp.id_to_piece(int(i)) for i in ids[mask]] == case["pieces"]
+    if "discretized_state" in case:
+        assert discretize_state(np.asarray(case["state"], np.float32)).tolist() == case["discretized_state"]
+    assert ("exceeds max length" in caplog.text) == ("overlength" in case["name"])
+
+
+def test_truncation_warns(tok: Tokenizer, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING):
+        ids, mask = tok.tokenize("pick up the red block " * 20)
+    assert mask.all() and ids.shape == (48,)
+    assert "exceeds max length (48), truncating" in caplog.text
+
+
+def test_subtask_matches_golden(tok: Tokenizer) -> None:
+    golden = np.load(GOLDEN / "text_io.npz")
+    ids, mask = tok.tokenize_subtask(SUBTASK_SOURCE_PROMPT)
+    np.testing.assert_array_equal(ids[None], golden["elem0_subtask_prompt/tokenized_prompt"])
+    np.testing.assert_array_equal(mask[None], golden["elem0_subtask_prompt/tokenized_prompt_mask"])
+    assert tok.detokenize(ids) == "Task: pick up the black bowl and place it on the plate. Subtask: "
+
+
+def test_subtask_cleaning(tok: Tokenizer) -> None:
+    """Case, underscores and one trailing punctuation mark do not change the subtask prompt."""
+    expected, _ = tok.tokenize_subtask(SUBTASK_SOURCE_PROMPT)
+    variant, _ = tok.tokenize_subtask("  Pick_up the BLACK bowl and place it on the plate!\n")
+    np.testing.assert_array_equal(variant, expected)
+    ids, mask = tok.tokenize_subtask("")
+    assert tok.detokenize(ids[mask]) == "Task: . Subtask: "
+
+
+def test_subtask_truncates(tok: Tokenizer) -> None:
+    ids, mask = tok.tokenize_subtask("pick up the red block " * 20)
+    assert mask.all() and ids.shape == (48,) and ids[0] == tok.bos_id
+
+
+def test_missing_file_lists_paths(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "data"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    with pytest.raises(FileNotFoundError) as err:
+        resolve_tokenizer_path(None)
+    msg = str(err.value)
+    assert str(tmp_path / "data" / "big_vision" / "paligemma_tokenizer.model") in msg
+    assert str(tmp_path / "home" / ".cache" / "openpi" / "big_vision" / "paligemma_tokenizer.model") in msg
+    assert "gs://big_vision/paligemma_tokenizer.model" in msg
+    assert "tiny_paligemma_standin.model" in msg
+
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.model"):
+        resolve_tokenizer_path(tmp_path / "nowhere.model")
+
+
+def test_resolves_from_openpi_cache(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cached = tmp_path / "data" / "big_vision" / "paligemma_tokenizer.model"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(STANDIN.read_bytes())
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "data"))
+    assert resolve_tokenizer_path(None) == cached
+    assert Tokenizer().vocab_size == 1024
+
+
+def test_special_ids(tok: Tokenizer) -> None:
+    assert (tok.vocab_size, tok.pad_id, tok.eos_id, tok.bos_id) == (1024, 0, 1, 2)
+
+
+def test_detokenize_stops_at_eos_and_skips_pad(tok: Tokenizer) -> None:
+    ids, _ = tok.tokenize("pick up the black bowl")
+    assert tok.detokenize(ids) == "pick up the black bowl\n"
+    body = tok._sp.encode("pick up")
+    assert tok.detokenize([*body, tok.eos_id, *tok._sp.encode(" the bowl")]) == "pick up"
+    assert tok.detokenize(np.asarray([tok.pad_id, *body, tok.pad_id])) == "pick up"
+
+
+def test_detokenize_drops_unknown_ids(tok: Tokenizer) -> None:
+    body = tok._sp.encode("pick up")
+    ids = [-5, body[0], tok.vocab_size, 257151, *body[1:], 2**31 - 1]
+    assert tok.detokenize(np.asarray(ids, dtype=np.int32)) == "pick up"
+    assert tok.detokenize([]) == ""
+
+
+def test_detokenize_rejects_batches(tok: Tokenizer) -> None:
+    with pytest.raises(ValueError, match="1-D"):
+        tok.detokenize(np.zeros((2, 3), np.int32))
