@@ -1,0 +1,105 @@
+"""Config helpers: the shared base of every `configs/*.py` file and its conversion to `Pi05Config`.
+
+Configs are ml_collections ConfigDicts (data, overridable from the command line as
+`--config.model.action_horizon=16`); the model only ever sees the frozen `Pi05Config` built here.
+"""
+
+import pathlib
+
+import jax
+import ml_collections
+
+from oxygen_jax.models import gemma, pi05, siglip
+
+IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
+
+_GEMMA_VARIANTS = {
+    "dummy": dict(width=64, depth=4, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
+    "gemma_300m": dict(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256),
+    "gemma_2b": dict(width=2048, depth=18, mlp_dim=16_384, num_heads=8, num_kv_heads=1, head_dim=256),
+}
+
+
+def gemma_variant(name: str) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(_GEMMA_VARIANTS[name])
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Full-size pi0.5 (gemma_2b + gemma_300m + So400m/14), as openpi's `Pi0Config(pi05=True)`."""
+    c = ml_collections.ConfigDict()
+    c.name = "pi05"
+    c.model = ml_collections.ConfigDict()
+    c.model.paligemma = gemma_variant("gemma_2b")
+    c.model.action_expert = gemma_variant("gemma_300m")
+    c.model.vision = "So400m/14"
+    c.model.vocab_size = 257_152
+    c.model.action_dim = 32
+    c.model.action_horizon = 50
+    c.model.max_token_len = 200
+    c.model.image_keys = IMAGE_KEYS
+    c.model.image_size = 224
+    # "auto": float32 on CPU (XLA:CPU bf16 matvec is ~20x slower), bfloat16 on GPU/TPU.
+    c.model.dtype = "auto"
+    # "bidirectional" (openpi's prefix) or "causal_text" (text tokens causal inside the prefix).
+    c.model.prefix_attention = "bidirectional"
+    c.model.discrete_state_input = True
+    c.num_steps = 10
+    # None: openpi's cache (see oxygen_jax.tokenizer); "standin": the bundled 1024-piece stand-in.
+    c.tokenizer_path = ml_collections.FieldReference(None, field_type=str)
+    c.seed = 0
+    c.engine = ml_collections.ConfigDict()
+    c.engine.max_slots = 8
+    c.engine.max_new_tokens = 30
+    c.engine.temperature = 0.0
+    c.engine.top_p = 1.0
+    return c
+
+
+def resolve_dtype(dtype: str) -> str:
+    if dtype == "auto":
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    if dtype not in ("float32", "bfloat16"):
+        raise ValueError(f"model.dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+    return dtype
+
+
+def model_config(cfg: ml_collections.ConfigDict) -> pi05.Pi05Config:
+    """The frozen model description for `cfg.model` (dtype resolved for this backend)."""
+    m = cfg.model
+    return pi05.Pi05Config(
+        paligemma=gemma.GemmaConfig(**m.paligemma.to_dict()),
+        action_expert=gemma.GemmaConfig(**m.action_expert.to_dict()),
+        vision=siglip.siglip_variant(m.vision),
+        vocab_size=m.vocab_size,
+        action_dim=m.action_dim,
+        action_horizon=m.action_horizon,
+        max_token_len=m.max_token_len,
+        image_keys=tuple(m.image_keys),
+        image_size=m.image_size,
+        dtype=resolve_dtype(m.dtype),
+        prefix_attention=m.prefix_attention,
+    )
+
+
+def config_path(name_or_path: str) -> str:
+    """`pi05_tiny` -> `<repo>/configs/pi05_tiny.py`; paths (with a `:arg` suffix) pass through."""
+    path, sep, arg = name_or_path.partition(":")
+    if not path.endswith(".py"):
+        candidate = CONFIGS_DIR / f"{path}.py"
+        if not candidate.exists():
+            known = sorted(p.stem for p in CONFIGS_DIR.glob("*.py"))
+            raise FileNotFoundError(f"no config named {path!r}; known configs: {known}")
+        path = str(candidate)
+    return path + sep + arg
+
+
+def load_config(name_or_path: str) -> ml_collections.ConfigDict:
+    """Loads a config by name or path (for tests, notebooks and library use)."""
+    import importlib.util
+
+    path = config_path(name_or_path).partition(":")[0]
+    spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()

@@ -1,0 +1,262 @@
+"""Websocket policy server that unmodified openpi clients (``WebsocketClientPolicy``) talk to.
+
+Protocol, as openpi speaks it: on connect the server sends the backend's metadata, then answers each
+binary msgpack-numpy observation with one binary msgpack-numpy result. Each result carries
+``server_timing = {"infer_ms", "prev_total_ms"}`` (the latter from the second request on: the previous
+request's time from receipt until its reply was sent) and ``policy_timing = {"infer_ms"}``, which the
+server fills with the backend call time unless the backend reports its own. ``GET /healthz`` on the same
+port answers 200 over plain HTTP.
+
+Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
+frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
+map, or a backend raising ``ValueError``/``KeyError``) gets ``"Bad request: ..."`` and the connection
+keeps serving. Any other failure gets ``"Internal server error: ..."`` with the traceback and, as in
+openpi, that connection is closed with code 1011; other connections are unaffected.
+
+Each connection handles its requests in order, but connections are served concurrently, so requests from
+different clients reach the backend at the same time and a batching backend can group them. A backend with
+``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
+``infer_workers`` threads (default 1, because a plain policy need not be thread-safe).
+"""
+
+import asyncio
+import contextlib
+import http
+import logging
+import signal
+import threading
+import time
+import traceback
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+from websockets.asyncio.server import Request, Response, ServerConnection
+from websockets.asyncio.server import serve as _ws_serve
+from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
+
+from oxygen_jax.serving import msgpack_numpy
+
+logger = logging.getLogger(__name__)
+
+
+class PolicyBackend(Protocol):
+    """What the server serves: metadata for new clients and one result per observation."""
+
+    @property
+    def metadata(self) -> dict: ...
+
+    def infer(self, obs: dict) -> dict: ...
+
+
+class AsyncPolicyBackend(PolicyBackend, Protocol):
+    """A backend that awaits requests on the event loop, e.g. to batch those from several clients."""
+
+    async def infer_async(self, obs: dict) -> dict: ...
+
+
+class BadRequestError(Exception):
+    """The client's fault: reported to it, and its connection keeps serving."""
+
+
+@contextlib.asynccontextmanager
+async def open_server(
+    backend: PolicyBackend, host: str, port: int, *, infer_workers: int = 1
+) -> AsyncIterator[int]:
+    """Serve ``backend`` on the running loop while the block runs; yields the bound port.
+
+    Leaving the block stops accepting, closes every connection and waits for in-flight requests.
+    """
+    executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
+    handler = _ConnectionHandler(backend, _backend_caller(backend, executor))
+    try:
+        async with _ws_serve(
+            handler, host, port, compression=None, max_size=None, process_request=_health_check
+        ) as server:
+            yield server.sockets[0].getsockname()[1]
+    finally:
+        executor.shutdown()
+
+
+def serve(backend: PolicyBackend, host: str = "0.0.0.0", port: int = 8000, *, infer_workers: int = 1) -> None:
+    """Serve until SIGINT or SIGTERM, then shut down gracefully; a second signal forces the exit."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+
+        def on_signal() -> None:
+            stop.set()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        async with open_server(backend, host, port, infer_workers=infer_workers) as bound_port:
+            logger.info("Serving policy on ws://%s:%d", host, bound_port)
+            await stop.wait()
+            logger.info("Shutting down")
+
+    asyncio.run(main())
+
+
+class BackgroundServer:
+    """A server on its own event loop thread, for tests and for embedding in synchronous programs."""
+
+    def __init__(
+        self, backend: PolicyBackend, host: str = "127.0.0.1", port: int = 0, *, infer_workers: int = 1
+    ) -> None:
+        self._backend = backend
+        self._host = host
+        self._requested_port = port
+        self._infer_workers = infer_workers
+        self._ready = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._port: int | None = None
+        self._error: Exception | None = None
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one the OS chose when constructed with port 0)."""
+        if self._port is None:
+            raise RuntimeError("server is not running")
+        return self._port
+
+    def start(self, timeout: float = 30.0) -> "BackgroundServer":
+        """Start serving and return once the port is bound; a startup error is raised here."""
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        self._ready.clear()
+        self._thread = threading.Thread(target=asyncio.run, args=(self._main(),), name="policy-server")
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError("server did not start in time")
+        if self._port is None:
+            self._join(timeout)  # Startup failed: raises its error.
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Close all connections and stop serving, after in-flight requests finish; idempotent."""
+        if self._thread is None:
+            return
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._join(timeout)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _join(self, timeout: float) -> None:
+        """Wait for the server thread, then re-raise what stopped it, if anything did."""
+        thread = self._thread
+        if thread is None:
+            return
+        thread.join(timeout)
+        if thread.is_alive():
+            raise TimeoutError("server did not stop in time")
+        self._thread = None
+        self._port = None
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with open_server(
+                self._backend, self._host, self._requested_port, infer_workers=self._infer_workers
+            ) as port:
+                self._port = port
+                self._ready.set()
+                await self._stop.wait()
+        except Exception as error:
+            self._error = error
+        finally:
+            self._ready.set()
+
+
+def _backend_caller(
+    backend: PolicyBackend, executor: ThreadPoolExecutor
+) -> Callable[[dict], Awaitable[dict]]:
+    infer_async = getattr(backend, "infer_async", None)
+    if infer_async is not None:
+        return infer_async
+
+    async def call_in_thread(obs: dict) -> dict:
+        return await asyncio.get_running_loop().run_in_executor(executor, backend.infer, obs)
+
+    return call_in_thread
+
+
+class _ConnectionHandler:
+    """Runs one client's session: metadata first, then one reply per request, in order."""
+
+    def __init__(self, backend: PolicyBackend, infer: Callable[[dict], Awaitable[dict]]) -> None:
+        self._backend = backend
+        self._infer = infer
+
+    async def __call__(self, websocket: ServerConnection) -> None:
+        logger.info("Connection from %s opened", websocket.remote_address)
+        try:
+            await websocket.send(msgpack_numpy.packb(self._backend.metadata))
+            prev_total_ms: float | None = None
+            async for message in websocket:
+                received = time.monotonic()
+                try:
+                    reply = await self._answer(message, prev_total_ms)
+                except BadRequestError as error:
+                    logger.info("Bad request from %s: %s", websocket.remote_address, error)
+                    await websocket.send(f"Bad request: {error}")
+                    continue
+                except Exception:
+                    logger.exception("Request from %s failed", websocket.remote_address)
+                    await websocket.send(f"Internal server error:\n{traceback.format_exc()}")
+                    await websocket.close(CloseCode.INTERNAL_ERROR, "Internal server error, see last frame")
+                    return
+                await websocket.send(reply)
+                prev_total_ms = (time.monotonic() - received) * 1000
+        except ConnectionClosed:
+            pass
+        logger.info("Connection from %s closed", websocket.remote_address)
+
+    async def _answer(self, message: str | bytes, prev_total_ms: float | None) -> bytes:
+        obs = _decode_request(message)
+        start = time.monotonic()
+        try:
+            result = await self._infer(obs)
+        except (ValueError, KeyError) as error:
+            raise BadRequestError(f"{type(error).__name__}: {error}") from error
+        infer_ms = (time.monotonic() - start) * 1000
+        if not isinstance(result, dict):
+            raise TypeError(f"backend returned {type(result).__name__}, expected dict")
+        server_timing = {"infer_ms": infer_ms}
+        if prev_total_ms is not None:
+            server_timing["prev_total_ms"] = prev_total_ms
+        reply = {"policy_timing": {"infer_ms": infer_ms}, **result, "server_timing": server_timing}
+        return msgpack_numpy.packb(reply)
+
+
+def _decode_request(message: str | bytes) -> dict:
+    if isinstance(message, str):
+        raise BadRequestError("expected a binary msgpack frame, got a text frame")
+    try:
+        obs: Any = msgpack_numpy.unpackb(message)
+    except Exception as error:
+        reason = f"{type(error).__name__}: {error}"
+        raise BadRequestError(f"undecodable msgpack-numpy message ({reason})") from error
+    if not isinstance(obs, dict):
+        raise BadRequestError(f"observation must be a map, got {type(obs).__name__}")
+    return obs
+
+
+def _health_check(connection: ServerConnection, request: Request) -> Response | None:
+    if request.path == "/healthz":
+        return connection.respond(http.HTTPStatus.OK, "OK\n")
+    return None

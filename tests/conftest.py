@@ -1,0 +1,36 @@
+"""Shared fixtures: the golden reference data computed by upstream openpi on the tiny model."""
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from oxygen_jax import checkpoints, config
+from oxygen_jax.models import inputs
+
+GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+
+
+def golden_inputs(npz) -> dict:
+    """model_io-style `in/...` arrays as model-level keys (without the `in/` prefix)."""
+    return {k[3:]: npz[k] for k in npz.files if k.startswith("in/") and not k.startswith("in/image_u8/")}
+
+
+@pytest.fixture(scope="session")
+def tiny_config():
+    return config.model_config(config.load_config("pi05_tiny"))
+
+
+@pytest.fixture(scope="session")
+def golden_params():
+    return checkpoints.restore_params(GOLDEN / "checkpoint")
+
+
+@pytest.fixture(scope="session")
+def model_io():
+    return np.load(GOLDEN / "model_io.npz")
+
+
+@pytest.fixture(scope="session")
+def golden_obs(model_io, tiny_config):
+    return inputs.observation_from_arrays(golden_inputs(model_io), tiny_config)

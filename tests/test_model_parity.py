@@ -1,0 +1,100 @@
+"""pi0.5 numerics against upstream openpi (golden model_io.npz, tiny model, float32)."""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import GOLDEN
+
+from oxygen_jax import config
+from oxygen_jax.models import pi05
+
+ATOL_HIDDEN = 2e-5  # prefix tokens, KV cache, hidden states, v_t (README tolerances)
+ATOL_ACTIONS = 1e-4
+
+
+def _leaves(tree) -> dict[str, tuple[tuple[int, ...], str]]:
+    return {
+        jax.tree_util.keystr(path, simple=True, separator="/"): (tuple(x.shape), str(x.dtype))
+        for path, x in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def _golden_tree(name: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    tree = json.loads((GOLDEN / name).read_text())
+    return {p["path"]: (tuple(p["shape"]), p["dtype"]) for p in tree["params"]}
+
+
+def test_tiny_param_tree_matches_openpi(tiny_config):
+    assert _leaves(pi05.param_shapes(tiny_config)) == _golden_tree("param_tree.json")
+
+
+def test_full_param_tree_matches_openpi_without_allocating():
+    full = config.model_config(config.load_config("pi05"))
+    shapes = pi05.param_shapes(full)  # eval_shape: nothing is allocated
+    assert _leaves(shapes) == _golden_tree("param_tree_full.json")
+    leaves = jax.tree.leaves(shapes)
+    assert len(leaves) == 51
+    assert sum(math.prod(x.shape) for x in leaves) == 3_353_433_872
+
+
+@pytest.fixture(scope="module")
+def prefix(golden_params, tiny_config, golden_obs):
+    return jax.jit(pi05.prefix_forward, static_argnums=1)(golden_params, tiny_config, golden_obs)
+
+
+def test_prefix_embedding_masks_and_positions(golden_params, tiny_config, golden_obs, model_io, prefix):
+    tokens, mask, ar_mask = jax.jit(pi05.embed_prefix, static_argnums=1)(
+        golden_params, tiny_config, golden_obs
+    )
+    np.testing.assert_array_equal(mask, model_io["out/prefix_mask"])
+    np.testing.assert_array_equal(ar_mask, model_io["out/prefix_ar_mask"])
+    np.testing.assert_array_equal(pi05.make_attn_mask(mask, ar_mask), model_io["out/prefix_attn_mask"])
+    np.testing.assert_allclose(tokens, model_io["out/prefix_tokens"], rtol=0, atol=ATOL_HIDDEN)
+    cache, _ = prefix
+    np.testing.assert_array_equal(cache.positions, model_io["out/prefix_positions"])
+    np.testing.assert_array_equal(cache.length, model_io["out/prefix_mask"].sum(axis=1))
+
+
+def test_prefix_kv_cache_and_hidden_states(model_io, prefix):
+    cache, hidden = prefix
+    np.testing.assert_allclose(cache.k, model_io["out/kv_cache_k"], rtol=0, atol=ATOL_HIDDEN)
+    np.testing.assert_allclose(cache.v, model_io["out/kv_cache_v"], rtol=0, atol=ATOL_HIDDEN)
+    valid = model_io["out/prefix_mask"]  # masked columns hold deterministic garbage in both
+    np.testing.assert_allclose(
+        np.asarray(hidden)[valid], model_io["out/prefix_out"][valid], rtol=0, atol=ATOL_HIDDEN
+    )
+
+
+def test_first_denoising_step(golden_params, tiny_config, model_io, prefix):
+    cache, _ = prefix
+    time = jnp.ones(2)
+    _, cond = pi05.embed_suffix(golden_params, tiny_config, model_io["in/noise"], time)
+    np.testing.assert_allclose(
+        pi05.posemb_sincos(time, 64, 4e-3, 4.0), model_io["out/step0_time_posemb"], rtol=0, atol=1e-6
+    )
+    np.testing.assert_allclose(cond, model_io["out/step0_adarms_cond"], rtol=0, atol=1e-6)
+    v_t = jax.jit(pi05.predict_velocity, static_argnums=1)(
+        golden_params, tiny_config, cache, model_io["in/noise"], time
+    )
+    np.testing.assert_allclose(v_t, model_io["out/step0_v_t"], rtol=0, atol=ATOL_HIDDEN)
+
+
+@pytest.mark.parametrize(("num_steps", "key"), [(1, "out/actions_1step"), (10, "out/actions")])
+def test_sample_actions(golden_params, tiny_config, golden_obs, model_io, num_steps, key):
+    sample = jax.jit(pi05.sample_actions, static_argnums=1)
+    actions = sample(golden_params, tiny_config, golden_obs, model_io["in/noise"], num_steps)
+    np.testing.assert_allclose(actions, model_io[key], rtol=1e-4, atol=ATOL_ACTIONS)
+    highest = np.load(GOLDEN / "model_io_highest.npz")
+    np.testing.assert_allclose(actions, highest[key], rtol=1e-4, atol=ATOL_ACTIONS)
+
+
+def test_denoise_steps_are_traced_not_recompiled(golden_params, tiny_config, prefix, model_io):
+    cache, _ = prefix
+    denoise = jax.jit(pi05.denoise, static_argnums=1)
+    for steps in (1, 5, 10):
+        denoise(golden_params, tiny_config, cache, model_io["in/noise"], steps)
+    assert denoise._cache_size() == 1
