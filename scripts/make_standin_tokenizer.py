@@ -1,4 +1,4 @@
-"""Build the 1024-piece sentencepiece stand-in tokenizer that small configs load as `tokenizer_path="standin"`.
+"""Build the 1024-piece sentencepiece stand-in that small configs load with `tokenizer_path="standin"`.
 
 The real PaliGemma tokenizer (vocab 257152) is not redistributable, so vocab-1024 configs need a model of
 their own that ships with the package. Its special ids (pad 0, eos 1, bos 2, unk 3) and byte fallback match
@@ -35,9 +35,10 @@ _OBJECTS = (
 )  # fmt: skip
 _PLACES = (
     "on the plate", "in the basket", "into the bowl", "on the top shelf", "on the bottom shelf",
-    "in the top drawer", "into the middle drawer", "on the left side of the table", "on the right of the sink",
-    "next to the stove", "behind the box", "in front of the mug", "on the cabinet", "inside the microwave",
-    "on the tray", "in the sink", "on the stove", "on top of the red block", "between the two cups",
+    "in the top drawer", "into the middle drawer", "on the left side of the table",
+    "on the right of the sink", "next to the stove", "behind the box", "in front of the mug",
+    "on the cabinet", "inside the microwave", "on the tray", "in the sink", "on the stove",
+    "on top of the red block", "between the two cups",
 )  # fmt: skip
 _GRASP_VERBS = ("pick up", "grasp", "grab", "lift", "take", "hold", "move", "push", "pull", "slide", "rotate")
 _PLACE_VERBS = ("put", "place", "set", "drop", "stack", "move", "push")
@@ -84,9 +85,8 @@ def _instructions(rng: random.Random) -> list[str]:
     lines.extend(_CHORES)
     decorated = []
     for line in lines:
-        if rng.random() < 0.2:
-            line = line[0].upper() + line[1:]
-        decorated.append(line + rng.choice(_FLOURISHES))
+        cased = line[0].upper() + line[1:] if rng.random() < 0.2 else line
+        decorated.append(cased + rng.choice(_FLOURISHES))
     return decorated
 
 
@@ -96,7 +96,7 @@ def _state(rng: random.Random) -> str:
 
 
 def build_corpus() -> list[str]:
-    """Robot-instruction text shaped like the prompts the tokenizer will see: pi0, pi0.5 and subtask formats."""
+    """Robot-instruction text shaped like the prompts the tokenizer sees: pi0, pi0.5 and subtask formats."""
     rng = random.Random(_SEED)
     instructions = _instructions(rng)
     corpus = list(instructions)

@@ -1,8 +1,10 @@
 """Tokenizer parity with openpi's PaliGemma prompt formats, checked on the golden stand-in model."""
 
+import importlib.util
 import json
 import logging
 import pathlib
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -117,3 +119,40 @@ def test_detokenize_drops_unknown_ids(tok: Tokenizer) -> None:
 def test_detokenize_rejects_batches(tok: Tokenizer) -> None:
     with pytest.raises(ValueError, match="1-D"):
         tok.detokenize(np.zeros((2, 3), np.int32))
+
+
+def _load_standin_script() -> ModuleType:
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "make_standin_tokenizer.py"
+    spec = importlib.util.spec_from_file_location("make_standin_tokenizer", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bundled_standin_resolves_and_loads() -> None:
+    path = resolve_tokenizer_path("standin")
+    assert path.is_file() and path.parent.name == "assets"
+    standin = Tokenizer("standin")
+    assert standin.path == path
+    assert (standin.vocab_size, standin.pad_id, standin.eos_id, standin.bos_id) == (1024, 0, 1, 2)
+    assert standin._sp.unk_id() == 3 and standin._sp.pad_id() == 0 and standin._sp.eos_id() == 1
+
+
+def test_bundled_standin_round_trips() -> None:
+    standin = Tokenizer("standin")
+    prompt = "pick up the black bowl and place it on the plate"
+    ids, mask = standin.tokenize(prompt)
+    assert ids[0] == standin.bos_id and standin.detokenize(ids) == prompt + "\n"
+    ids, mask = Tokenizer("standin", max_len=64).tokenize(prompt, np.linspace(-1, 1, 8, dtype=np.float32))
+    assert mask.sum() < 64
+    assert standin.detokenize(ids) == f"Task: {prompt}, State: 0 36 73 109 146 182 219 255;\nAction: "
+    # Byte fallback: text outside the training corpus still round-trips.
+    assert standin.detokenize(standin._sp.encode("Grüße, 東京!")) == "Grüße, 東京!"
+
+
+def test_standin_script_is_deterministic_and_matches_asset() -> None:
+    script = _load_standin_script()
+    first = script.train_standin_tokenizer()
+    assert first == script.train_standin_tokenizer()
+    assert first == resolve_tokenizer_path("standin").read_bytes()

@@ -18,6 +18,10 @@ logger = logging.getLogger(__name__)
 TOKENIZER_URL = "gs://big_vision/paligemma_tokenizer.model"
 _RELATIVE_PATH = pathlib.Path("big_vision") / "paligemma_tokenizer.model"
 _STANDIN_PATH = "../shared/golden/tokenizer/tiny_paligemma_standin.model"
+# `path` value that selects the 1024-piece stand-in bundled with the package (made by
+# scripts/make_standin_tokenizer.py), so vocab-1024 configs run without the real tokenizer.
+STANDIN = "standin"
+_BUNDLED_STANDIN = pathlib.Path(__file__).resolve().parent / "assets" / "standin_tokenizer.model"
 
 # Padding is the literal id 0 (openpi pads with `False`), independent of the sentencepiece model.
 PAD_ID = 0
@@ -29,9 +33,13 @@ STATE_BINS = 256
 def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathlib.Path:
     """Find the tokenizer model: `path` if given, else openpi's cache ($OPENPI_DATA_HOME, ~/.cache/openpi).
 
+    `path="standin"` selects the bundled 1024-piece stand-in (PaliGemma's special ids, other pieces) for
+    small vocab-1024 configs; it takes precedence over a file of that name in the working directory.
     An explicit `path` is never silently replaced by a cached file: a typo must not load another tokenizer.
     """
-    if path is not None:
+    if path == STANDIN:
+        candidates = [_BUNDLED_STANDIN]
+    elif path is not None:
         candidates = [pathlib.Path(path).expanduser()]
     else:
         candidates = []
@@ -47,7 +55,8 @@ def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathli
         f"PaliGemma tokenizer model not found. Tried:\n{tried}\n"
         f"The file is openpi's {TOKENIZER_URL} (openpi downloads it into its cache, "
         f"$OPENPI_DATA_HOME or ~/.cache/openpi, under {_RELATIVE_PATH}). "
-        f"Tests use the stand-in {_STANDIN_PATH}."
+        f'Small vocab-1024 configs use path="{STANDIN}", the stand-in bundled at {_BUNDLED_STANDIN} '
+        f"(rebuild it with scripts/make_standin_tokenizer.py); golden parity tests use {_STANDIN_PATH}."
     )
 
 

@@ -232,3 +232,36 @@ def sample_actions(
     params: dict, config: Pi05Config, obs: Observation, noise: jax.Array, num_steps: int | jax.Array = 10
 ) -> jax.Array:
     return denoise(params, config, prefill(params, config, obs), noise, num_steps)
+
+
+def text_forward(
+    params: dict,
+    config: Pi05Config,
+    tokens: jax.Array,
+    positions: jax.Array,
+    kv_cache: tuple[jax.Array, jax.Array],
+    kv_valid: jax.Array,
+):
+    """Language tokens [B, T] through the PaliGemma expert against cached columns.
+
+    Each token sees the valid cached columns (kv_valid [B, S]) and the tokens before it (causal).
+    Returns (final-normed hidden [B, T, D], (k, v) [depth, B, T, K, H] of these tokens).
+    """
+    length = tokens.shape[1]
+    causal = jnp.tril(jnp.ones((length, length), bool))
+    mask = jnp.concatenate(
+        [
+            jnp.broadcast_to(kv_valid[:, None, :], (tokens.shape[0], length, kv_valid.shape[1])),
+            jnp.broadcast_to(causal, (tokens.shape[0], length, length)),
+        ],
+        axis=-1,
+    )
+    llm, llm_params = _llm(config), {"params": params["PaliGemma"]["llm"]}
+    embedded = llm.apply(llm_params, tokens, method="embed")
+    (hidden, _), new_kv = llm.apply(llm_params, [embedded, None], positions, mask, kv_cache=kv_cache)
+    return hidden, new_kv
+
+
+def text_logits(params: dict, config: Pi05Config, hidden: jax.Array) -> jax.Array:
+    """Tied-embedding language head: hidden [..., D] -> float32 logits [..., vocab]."""
+    return _llm(config).apply({"params": params["PaliGemma"]["llm"]}, hidden, method="logits")

@@ -1,0 +1,102 @@
+"""Offline pi0.5 inference on one observation batch: actions, and optionally text, to an npz file.
+
+  python scripts/infer.py --config=pi05_tiny --checkpoint_dir=CKPT --obs=obs.npz --out=out.npz \
+      --max_text_tokens=24
+
+`--obs` holds model-level arrays (`image/<camera>`, `image_mask/<camera>`, `tokenized_prompt`,
+`tokenized_prompt_mask`, optional `noise`); without it a synthetic observation is used.
+"""
+
+import time
+
+import jax
+import numpy as np
+from absl import app, flags
+
+from oxygen_jax import cli
+from oxygen_jax.models import inputs
+
+_CONFIG = cli.define_config_flag("pi05_cpu")
+_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed for random init, synthetic inputs and noise.")
+_OBS = flags.DEFINE_string("obs", None, "npz of model-level input arrays (synthetic when absent).")
+_OUT = flags.DEFINE_string("out", None, "npz to write actions (and text outputs) to.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Batch size of the synthetic observation.")
+_STEPS = flags.DEFINE_integer("num_steps", None, "Denoising steps (config's num_steps when absent).")
+_MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Generate up to N text tokens per row (0: no text).")
+_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
+_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.")
+_SCORE = flags.DEFINE_string("score_tokens", None, "npy of int [B, N] continuations to score.")
+
+
+def _timed(fn):
+    """(result, seconds of the first call incl. compilation, seconds of a second, compiled call)."""
+    start = time.perf_counter()
+    result = jax.block_until_ready(fn())
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return result, first, time.perf_counter() - start
+
+
+def main(_):
+    cfg = _CONFIG.value
+    engine = cli.build_engine(cfg, _CHECKPOINT.value, _SEED.value)
+    model = engine.config
+    if _OBS.value:
+        with np.load(_OBS.value) as f:
+            arrays = dict(f)
+    else:
+        arrays = inputs.synthetic_arrays(model, _BATCH.value, seed=_SEED.value)
+    try:
+        obs = inputs.observation_from_arrays(arrays, model)
+        batch = obs.tokenized_prompt.shape[0]
+        noise = inputs.noise_from_arrays(arrays, model, batch)
+    except inputs.InputError as e:
+        cli.fail(str(e))
+    if noise is None:
+        noise = engine.noise(jax.random.key(_SEED.value), batch)
+    num_steps = _STEPS.value or cfg.num_steps
+
+    cache, prefill_first, prefill_s = _timed(lambda: engine.prefill(obs))
+    actions, denoise_first, denoise_s = _timed(lambda: engine.denoise(cache, noise, num_steps))
+    out = {"actions": np.asarray(actions)}
+    lines = [
+        f"config {cfg.name} ({model.dtype}), batch {batch}, prefix {model.prefix_len} columns",
+        f"actions {list(out['actions'].shape)}",
+        f"prefill {prefill_s * 1e3:.1f} ms (first call {prefill_first:.2f} s incl. compile)",
+        f"denoise {num_steps} steps {denoise_s * 1e3:.1f} ms (first call {denoise_first:.2f} s incl. compile)",
+    ]
+    if _MAX_TEXT.value > 0:
+        tokenizer = cli.build_tokenizer(cfg, _TOKENIZER.value)
+        text, text_first, text_s = _timed(
+            lambda: engine.generate(
+                cache,
+                _MAX_TEXT.value,
+                temperature=_TEMPERATURE.value,
+                top_p=_TOP_P.value,
+                rng=jax.random.key(_SEED.value),
+            )
+        )
+        out["text_tokens"] = np.asarray(text.tokens, np.int32)
+        out["text_logprobs"] = np.asarray(text.logprobs, np.float32)
+        out["text"] = np.array([tokenizer.detokenize(row) for row in out["text_tokens"]], dtype=str)
+        lines.append(f"text {_MAX_TEXT.value} tokens {text_s * 1e3:.1f} ms (first call {text_first:.2f} s)")
+        lines += [f"  row {i}: {str(t)!r}" for i, t in enumerate(out["text"])]
+    if _SCORE.value:
+        tokens = np.load(_SCORE.value)
+        if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype.kind not in "iu":
+            cli.fail(f"--score_tokens: expected int [{batch}, N], got {tokens.dtype} {list(tokens.shape)}")
+        out["score_token_logprobs"] = np.asarray(engine.score(cache, tokens), np.float32)
+        lines.append(
+            f"scored {list(tokens.shape)} tokens: sum log p per row {out['score_token_logprobs'].sum(1)}"
+        )
+    print("\n".join(lines))
+    if _OUT.value:
+        np.savez(_OUT.value, **out)
+        print(f"wrote {_OUT.value}: {sorted(out)}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,43 @@
+"""Counts XLA compilations, so tests and benchmarks can prove steady state never recompiles."""
+
+import threading
+
+import jax
+
+_EVENT = "/jax/core/compile/backend_compile_duration"
+_lock = threading.Lock()
+_total = 0
+_registered = False
+
+
+def _listener(event: str, _duration: float, **_kwargs) -> None:
+    global _total
+    if event == _EVENT:
+        with _lock:
+            _total += 1
+
+
+def compilations() -> int:
+    """Backend compilations so far in this process (the listener is installed on first call)."""
+    global _registered
+    with _lock:
+        if not _registered:
+            jax.monitoring.register_event_duration_secs_listener(_listener)
+            _registered = True
+        return _total
+
+
+class CompileCounter:
+    """`with CompileCounter() as c: ...; c.count` = compilations inside the block."""
+
+    def __enter__(self) -> "CompileCounter":
+        self._start = compilations()
+        self.count = 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.count = compilations() - self._start
+
+    @property
+    def so_far(self) -> int:
+        return compilations() - self._start

@@ -1,0 +1,107 @@
+"""The engine contract: jitted pure functions over (params, pytrees), compiled once per shape.
+
+prefill -> PrefixCache; denoise(cache) -> actions; generate/score(cache) -> text; and the batch state
+entry points init_state / insert / decode(k) / evict for continuous batching. Python objects never
+cross into jitted code; the batch state buffers are donated so updates happen in place.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from oxygen_jax.engine import batch_state, language
+from oxygen_jax.models import pi05
+
+
+@dataclasses.dataclass
+class EngineStats:
+    prefill_calls: int = 0
+    prefill_rows: int = 0
+
+
+class Engine:
+    """pi0.5 params + config, with every entry point jitted once."""
+
+    def __init__(self, params: dict, config: pi05.Pi05Config, *, eos_id: int = 1):
+        self.config = config
+        self.eos_id = eos_id
+        self.params = jax.device_put(pi05.cast_params(params, config.dtype))
+        self.stats = EngineStats()
+        static = {"static_argnums": (1,)}
+        self._prefill = jax.jit(pi05.prefill, **static)
+        self._denoise = jax.jit(pi05.denoise, **static)
+        self._generate = jax.jit(language.generate, static_argnums=(1, 3, 8))
+        self._score = jax.jit(language.score, **static)
+        self._insert = jax.jit(batch_state.insert, donate_argnums=0)
+        self._decode = jax.jit(batch_state.decode, static_argnums=(1, 4), donate_argnums=2)
+        self._evict = jax.jit(batch_state.evict, donate_argnums=0)
+
+    # --- one observation batch ---
+    def prefill(self, obs: pi05.Observation) -> pi05.PrefixCache:
+        self.stats.prefill_calls += 1
+        self.stats.prefill_rows += obs.tokenized_prompt.shape[0]
+        return self._prefill(self.params, self.config, obs)
+
+    def denoise(self, cache: pi05.PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
+        return self._denoise(self.params, self.config, cache, noise, num_steps)
+
+    def noise(self, rng: jax.Array, batch: int) -> jax.Array:
+        return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))
+
+    def generate(
+        self,
+        cache: pi05.PrefixCache,
+        max_new_tokens: int,
+        *,
+        temperature: float | np.ndarray = 0.0,
+        top_p: float | np.ndarray = 1.0,
+        max_new: int | np.ndarray | None = None,
+        rng: jax.Array | None = None,
+    ) -> language.TextOutput:
+        batch = cache.mask.shape[0]
+        rows = self._per_row(batch, max_new_tokens if max_new is None else max_new, temperature, top_p)
+        keys = jax.random.split(jax.random.key(0) if rng is None else rng, batch)
+        return self._generate(self.params, self.config, cache, max_new_tokens, *rows, keys, self.eos_id)
+
+    def score(self, cache: pi05.PrefixCache, tokens: np.ndarray) -> jax.Array:
+        return self._score(self.params, self.config, cache, jnp.asarray(tokens, jnp.int32))
+
+    def act_and_speak(
+        self, obs: pi05.Observation, noise: jax.Array, num_steps: int, max_new_tokens: int, **text_kwargs
+    ) -> tuple[jax.Array, language.TextOutput]:
+        """Cross-task KV sharing: one prefill feeds both the action expert and the language decoder."""
+        cache = self.prefill(obs)
+        return self.denoise(cache, noise, num_steps), self.generate(cache, max_new_tokens, **text_kwargs)
+
+    # --- continuous batching ---
+    def init_state(self, max_slots: int, max_new_tokens: int) -> batch_state.BatchState:
+        return batch_state.init_state(self.config, max_slots, max_new_tokens)
+
+    def insert(
+        self,
+        state: batch_state.BatchState,
+        cache: pi05.PrefixCache,
+        slots: np.ndarray,
+        max_new: np.ndarray,
+        temperature: np.ndarray,
+        top_p: np.ndarray,
+        keys: jax.Array,
+    ) -> batch_state.BatchState:
+        rows = self._per_row(len(slots), max_new, temperature, top_p)
+        return self._insert(state, cache, jnp.asarray(slots, jnp.int32), *rows, keys)
+
+    def decode(self, state: batch_state.BatchState, num_steps: int) -> batch_state.BatchState:
+        return self._decode(self.params, self.config, state, jnp.int32(num_steps), self.eos_id)
+
+    def evict(self, state: batch_state.BatchState, slots: np.ndarray) -> batch_state.BatchState:
+        return self._evict(state, jnp.asarray(slots, jnp.int32))
+
+    @staticmethod
+    def _per_row(batch: int, max_new, temperature, top_p) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return (
+            jnp.broadcast_to(jnp.asarray(max_new, jnp.int32), (batch,)),
+            jnp.broadcast_to(jnp.asarray(temperature, jnp.float32), (batch,)),
+            jnp.broadcast_to(jnp.asarray(top_p, jnp.float32), (batch,)),
+        )
