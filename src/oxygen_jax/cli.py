@@ -18,11 +18,10 @@ def define_config_flag(default: str) -> flags.FlagHolder:
 
 def parse_flags(argv: list[str]) -> list[str]:
     """absl flags parser that maps `--config=<name>` to `configs/<name>.py` before parsing."""
-    rewritten = []
-    for arg in argv:
-        if arg.startswith("--config="):
-            arg = "--config=" + config.config_path(arg.split("=", 1)[1])
-        rewritten.append(arg)
+    rewritten = [
+        "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
+        for arg in argv
+    ]
     return flags.FLAGS(rewritten)
 
 

@@ -5,26 +5,27 @@ import threading
 import jax
 
 _EVENT = "/jax/core/compile/backend_compile_duration"
-_lock = threading.Lock()
-_total = 0
-_registered = False
+
+
+class _Tally:
+    lock = threading.Lock()
+    total = 0
+    registered = False
 
 
 def _listener(event: str, _duration: float, **_kwargs) -> None:
-    global _total
     if event == _EVENT:
-        with _lock:
-            _total += 1
+        with _Tally.lock:
+            _Tally.total += 1
 
 
 def compilations() -> int:
     """Backend compilations so far in this process (the listener is installed on first call)."""
-    global _registered
-    with _lock:
-        if not _registered:
+    with _Tally.lock:
+        if not _Tally.registered:
             jax.monitoring.register_event_duration_secs_listener(_listener)
-            _registered = True
-        return _total
+            _Tally.registered = True
+        return _Tally.total
 
 
 class CompileCounter:
