@@ -66,7 +66,7 @@ def main(_):
         f"config {cfg.name} ({model.dtype}), batch {batch}, prefix {model.prefix_len} columns",
         f"actions {list(out['actions'].shape)}",
         f"prefill {prefill_s * 1e3:.1f} ms (first call {prefill_first:.2f} s incl. compile)",
-        f"denoise {num_steps} steps {denoise_s * 1e3:.1f} ms (first call {denoise_first:.2f} s incl. compile)",
+        f"denoise {num_steps} steps {denoise_s * 1e3:.1f} ms (first call {denoise_first:.2f} s)",
     ]
     if _MAX_TEXT.value > 0:
         tokenizer = cli.build_tokenizer(cfg, _TOKENIZER.value)
