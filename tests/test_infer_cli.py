@@ -1,0 +1,100 @@
+"""scripts/infer.py end to end on the golden checkpoint: actions, text and scores as upstream computed them."""
+
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import GOLDEN, golden_inputs
+
+from oxygen_jax.models import inputs
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _infer(*args: str) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "infer.py"),
+        "--config=pi05_tiny",
+        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="module")
+def obs_file(tmp_path_factory, model_io):
+    path = tmp_path_factory.mktemp("obs") / "obs.npz"
+    np.savez(path, **golden_inputs(model_io))
+    return path
+
+
+def test_actions_text_and_scores_match_upstream(tmp_path, obs_file, model_io):
+    text_ref = np.load(GOLDEN / "text_io_openpi.npz")
+    np.save(tmp_path / "tf.npy", text_ref["in/tf_tokens"])
+    out_path = tmp_path / "out.npz"
+    run = _infer(
+        f"--obs={obs_file}",
+        f"--out={out_path}",
+        "--max_text_tokens=24",
+        f"--score_tokens={tmp_path / 'tf.npy'}",
+    )
+    assert run.returncode == 0, run.stderr
+    out = np.load(out_path)
+    np.testing.assert_allclose(out["actions"], model_io["out/actions"], rtol=1e-4, atol=1e-4)
+    assert out["text_tokens"].dtype == np.int32
+    np.testing.assert_array_equal(out["text_tokens"], text_ref["greedy/tokens"])
+    greedy = np.take_along_axis(text_ref["greedy/logprobs"], text_ref["greedy/tokens"][..., None], -1)[..., 0]
+    np.testing.assert_allclose(out["text_logprobs"], greedy, rtol=0, atol=1e-4)
+    np.testing.assert_allclose(out["score_token_logprobs"], text_ref["tf/token_logprobs"], rtol=0, atol=1e-4)
+    assert out["text"].shape == (2,)
+    assert "compile" in run.stdout
+
+
+def test_config_override_serves_a_longer_horizon(tmp_path, model_io):
+    arrays = {k: v for k, v in golden_inputs(model_io).items() if k != "noise"}
+    np.savez(tmp_path / "obs.npz", **arrays)
+    run = _infer(
+        "--config.model.action_horizon=16", f"--obs={tmp_path / 'obs.npz'}", f"--out={tmp_path / 'o.npz'}"
+    )
+    assert run.returncode == 0, run.stderr
+    assert np.load(tmp_path / "o.npz")["actions"].shape == (2, 16, 32)
+
+
+def test_bad_input_names_the_key(tmp_path, model_io):
+    arrays = golden_inputs(model_io)
+    arrays["image/base_0_rgb"] = arrays["image/base_0_rgb"][:, :100]
+    np.savez(tmp_path / "bad.npz", **arrays)
+    run = _infer(f"--obs={tmp_path / 'bad.npz'}")
+    assert run.returncode == 2
+    assert "'image/base_0_rgb': expected shape [2, 224, 224, 3]" in run.stderr
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda a: a.pop("tokenized_prompt_mask"), "missing input 'tokenized_prompt_mask'"),
+        (lambda a: a["image/left_wrist_0_rgb"].__setitem__((0, 0, 0, 0), np.nan), "NaN"),
+        (
+            lambda a: a.__setitem__("tokenized_prompt", a["tokenized_prompt"].astype(np.float32)),
+            "int token ids",
+        ),
+        (lambda a: a.__setitem__("image_mask/base_0_rgb", np.ones(3, bool)), "'image_mask/base_0_rgb'"),
+    ],
+)
+def test_input_validation(model_io, tiny_config, mutate, message):
+    arrays = {k: np.array(v) for k, v in golden_inputs(model_io).items()}
+    mutate(arrays)
+    with pytest.raises(inputs.InputError, match=message):
+        inputs.observation_from_arrays(arrays, tiny_config)
+
+
+def test_uint8_images_equal_their_float_conversion(model_io, tiny_config):
+    arrays = golden_inputs(model_io)
+    as_u8 = {**arrays, **{f"image/{k}": model_io[f"in/image_u8/{k}"] for k in tiny_config.image_keys}}
+    a = inputs.observation_from_arrays(arrays, tiny_config)
+    b = inputs.observation_from_arrays(as_u8, tiny_config)
+    for k in tiny_config.image_keys:
+        np.testing.assert_allclose(a.images[k], b.images[k], rtol=0, atol=1e-6)
