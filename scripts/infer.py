@@ -76,7 +76,7 @@ def main(_):
                 _MAX_TEXT.value,
                 temperature=_TEMPERATURE.value,
                 top_p=_TOP_P.value,
-                rng=jax.random.key(_SEED.value),
+                seed=_SEED.value,
             )
         )
         out["text_tokens"] = np.asarray(text.tokens, np.int32)

@@ -1,4 +1,4 @@
-"""scripts/infer.py end to end on the golden checkpoint: actions, text and scores as upstream computed them."""
+"""scripts/infer.py end to end on the golden checkpoint: actions, text and scores as upstream made them."""
 
 import pathlib
 import subprocess

@@ -87,11 +87,11 @@ def insert(
     max_new: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
-    keys: jax.Array,
+    seeds: jax.Array,
 ) -> BatchState:
     """Puts prefix rows [B] into slots [B]; a slot index outside [0, S) skips that row (batch padding).
 
-    max_new, temperature, top_p: [B]; keys: [B] PRNG keys.
+    max_new, temperature, top_p: [B]; seeds: [B] integer seeds of each request's sampling stream.
     """
     prefix_len = cache.mask.shape[1]
     drop = {"mode": "drop"}
@@ -116,9 +116,21 @@ def insert(
         max_new=put(state.max_new, jnp.clip(max_new, 1, state.max_new_tokens).astype(jnp.int32)),
         done=put(state.done, jnp.zeros(slots.shape, bool)),
         active=put(state.active, jnp.ones(slots.shape, bool)),
-        keys=put(state.keys, keys),
+        keys=put(state.keys, jax.vmap(jax.random.key)(seeds)),
         temperature=put(state.temperature, temperature.astype(jnp.float32)),
         top_p=put(state.top_p, top_p.astype(jnp.float32)),
+    )
+
+
+def select_rows(cache: pi05.PrefixCache, rows: jax.Array) -> pi05.PrefixCache:
+    """Rows [n] of a prefix cache (traced indices: one compilation per shape, not per row)."""
+    return cache.replace(
+        k=jnp.take(cache.k, rows, axis=1),
+        v=jnp.take(cache.v, rows, axis=1),
+        mask=cache.mask[rows],
+        positions=cache.positions[rows],
+        length=cache.length[rows],
+        last_hidden=cache.last_hidden[rows],
     )
 
 

@@ -37,6 +37,7 @@ class Engine:
         self._insert = jax.jit(batch_state.insert, donate_argnums=0)
         self._decode = jax.jit(batch_state.decode, static_argnums=(1, 4), donate_argnums=2)
         self._evict = jax.jit(batch_state.evict, donate_argnums=0)
+        self._select_rows = jax.jit(batch_state.select_rows)
 
     # --- one observation batch ---
     def prefill(self, obs: pi05.Observation) -> pi05.PrefixCache:
@@ -58,12 +59,13 @@ class Engine:
         temperature: float | np.ndarray = 0.0,
         top_p: float | np.ndarray = 1.0,
         max_new: int | np.ndarray | None = None,
-        rng: jax.Array | None = None,
+        seed: int = 0,
     ) -> language.TextOutput:
+        """Decodes every row to completion; row i samples from seed `seed * B + i`."""
         batch = cache.mask.shape[0]
         rows = self._per_row(batch, max_new_tokens if max_new is None else max_new, temperature, top_p)
-        keys = jax.random.split(jax.random.key(0) if rng is None else rng, batch)
-        return self._generate(self.params, self.config, cache, max_new_tokens, *rows, keys, self.eos_id)
+        seeds = jnp.arange(batch, dtype=jnp.uint32) + np.uint32(seed * batch)
+        return self._generate(self.params, self.config, cache, max_new_tokens, *rows, seeds, self.eos_id)
 
     def score(self, cache: pi05.PrefixCache, tokens: np.ndarray) -> jax.Array:
         return self._score(self.params, self.config, cache, jnp.asarray(tokens, jnp.int32))
@@ -87,10 +89,14 @@ class Engine:
         max_new: np.ndarray,
         temperature: np.ndarray,
         top_p: np.ndarray,
-        keys: jax.Array,
+        seeds: np.ndarray,
     ) -> batch_state.BatchState:
         rows = self._per_row(len(slots), max_new, temperature, top_p)
-        return self._insert(state, cache, jnp.asarray(slots, jnp.int32), *rows, keys)
+        seeds = jnp.asarray(seeds, jnp.uint32)
+        return self._insert(state, cache, jnp.asarray(slots, jnp.int32), *rows, seeds)
+
+    def select_rows(self, cache: pi05.PrefixCache, rows: np.ndarray) -> pi05.PrefixCache:
+        return self._select_rows(cache, jnp.asarray(rows, jnp.int32))
 
     def decode(self, state: batch_state.BatchState, num_steps: int) -> batch_state.BatchState:
         return self._decode(self.params, self.config, state, jnp.int32(num_steps), self.eos_id)

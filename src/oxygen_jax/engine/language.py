@@ -26,7 +26,7 @@ def generate(
     max_new: jax.Array,
     temperature: jax.Array,
     top_p: jax.Array,
-    keys: jax.Array,
+    seeds: jax.Array,
     eos_id: int = 1,
 ) -> TextOutput:
     """Decodes every prefix row to completion: a batch state of B slots, filled and run N steps.
@@ -36,7 +36,7 @@ def generate(
     """
     batch = cache.mask.shape[0]
     state = batch_state.init_state(config, batch, max_new_tokens)
-    state = batch_state.insert(state, cache, jnp.arange(batch), max_new, temperature, top_p, keys)
+    state = batch_state.insert(state, cache, jnp.arange(batch), max_new, temperature, top_p, seeds)
     state = batch_state.decode(params, config, state, max_new_tokens, eos_id)
     return TextOutput(tokens=state.tokens, logprobs=state.logprobs, lengths=state.n_generated)
 

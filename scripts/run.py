@@ -1,0 +1,128 @@
+"""The main job: actions every frame and language batched across frames, from one shared KV cache.
+
+  python scripts/run.py                                   # pi05_cpu, random init, synthetic camera
+  python scripts/run.py --config=pi05_libero --checkpoint_dir=pi05_libero --target_hz=50 \
+      --arrivals=poisson --rate=0.5 --summary_json=summary.json
+"""
+
+import itertools
+import json
+
+import jax
+import numpy as np
+import tqdm
+from absl import app, flags
+
+from oxygen_jax import cli
+from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.runtime import arrivals, k_policy, metrics, observations
+from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime.requests import TextRequest
+from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+
+_CONFIG = cli.define_config_flag("pi05_cpu")
+_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
+_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma tokenizer (config's when absent).")
+_OBS_DIR = flags.DEFINE_string("obs_dir", None, "Folder of recorded npz frames (synthetic when absent).")
+_PROMPT = flags.DEFINE_string("prompt", observations.DEFAULT_PROMPT, "Task prompt of the synthetic stream.")
+_FRAMES = flags.DEFINE_integer("frames", 60, "Frames with new observations (arrivals happen in these).")
+_DRAIN = flags.DEFINE_bool("drain", True, "After the last frame, keep acting until every request finished.")
+_ARRIVALS = flags.DEFINE_enum("arrivals", "uniform", arrivals.KINDS, "Language request arrival pattern.")
+_RATE = flags.DEFINE_float("rate", 1.0, "Requests per frame (uniform/random_length) or Poisson lambda.")
+_LENGTHS = flags.DEFINE_list("lengths", ["5", "20"], "Short,long request lengths for random_length.")
+_LONG_FRACTION = flags.DEFINE_float("long_fraction", 0.5, "Fraction of long requests (random_length).")
+_MAX_NEW = flags.DEFINE_integer(
+    "max_new_tokens", None, "Tokens per request (config's engine.max_new_tokens)."
+)
+_SLOTS = flags.DEFINE_integer("max_slots", None, "Batch state slots (config's engine.max_slots).")
+_K = flags.DEFINE_integer("k", 5, "Decode steps per frame (ignored when --target_hz is set).")
+_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Action rate to hold; k is chosen online per frame.")
+_STEPS = flags.DEFINE_integer("num_steps", None, "Denoising steps (config's num_steps when absent).")
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
+_SEED = flags.DEFINE_integer("seed", 0, "Seed for init, observations, arrivals and sampling.")
+_SUMMARY = flags.DEFINE_string("summary_json", None, "Write the run summary here.")
+_PRINT_TEXT = flags.DEFINE_integer("print_text", 3, "Print the first N finished texts.")
+
+
+def main(_):
+    cfg = _CONFIG.value
+    engine = cli.build_engine(cfg, _CHECKPOINT.value, _SEED.value)
+    tokenizer = cli.build_tokenizer(cfg, _TOKENIZER.value)
+    max_new = _MAX_NEW.value or cfg.engine.max_new_tokens
+    lengths = tuple(int(x) for x in _LENGTHS.value) if _ARRIVALS.value == "random_length" else (max_new,)
+    max_new = max(max_new, *lengths)
+    manager = KVCacheManager(engine, _SLOTS.value or cfg.engine.max_slots, max_new, tokenizer.detokenize)
+    policy = (
+        k_policy.DeadlineK(_TARGET_HZ.value, max_k=max_new) if _TARGET_HZ.value else k_policy.FixedK(_K.value)
+    )
+    scheduler = FrameScheduler(
+        engine,
+        manager,
+        policy,
+        num_steps=_STEPS.value or cfg.num_steps,
+        max_prefill_batch=1,
+        seed=_SEED.value,
+    )
+    stream = (
+        observations.npz_stream(_OBS_DIR.value)
+        if _OBS_DIR.value
+        else observations.synthetic_stream(engine.config, tokenizer, _PROMPT.value, _SEED.value)
+    )
+    pattern = arrivals.ArrivalPattern(
+        _ARRIVALS.value, _RATE.value, lengths, _LONG_FRACTION.value, _SEED.value
+    )
+
+    print(
+        f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}, {manager.max_slots} slots x "
+        f"{max_new} tokens, state {manager.state_bytes / 2**20:.1f} MiB; warming up..."
+    )
+    scheduler.warmup(next(stream))
+    stats, texts, arrived = metrics.RunStats(), [], 0
+    counter = CompileCounter().__enter__()
+    progress = tqdm.tqdm(itertools.count(), desc="frames", unit="frame", total=_FRAMES.value)
+    for frame in progress:
+        if frame >= _FRAMES.value and not (_DRAIN.value and (manager.active or manager.queued)):
+            break
+        requests = []
+        if frame < _FRAMES.value:
+            for length in pattern.lengths_at(frame):
+                requests.append(
+                    TextRequest(arrived, length, temperature=_TEMPERATURE.value, seed=_SEED.value + arrived)
+                )
+                arrived += 1
+        result = scheduler.step([FrameInput(next(stream), requests=requests)])
+        stats.add(result)
+        texts += result.finished
+        progress.set_postfix(
+            {k: f"{v:.1f}" for k, v in stats.live().items()} | {"k": result.k, "batch": result.decode_batch}
+        )
+    progress.close()
+    counter.__exit__()
+
+    summary = {
+        "config": cfg.name,
+        "backend": jax.default_backend(),
+        "dtype": engine.config.dtype,
+        "arrivals": _ARRIVALS.value,
+        "rate": _RATE.value,
+        "k": "deadline" if _TARGET_HZ.value else _K.value,
+        "target_hz": _TARGET_HZ.value,
+        "requests_arrived": arrived,
+        **stats.summary(),
+        "queue_wait_frames_mean": float(np.mean([t.queue_wait_frames for t in texts])) if texts else 0.0,
+        "compiles_after_warmup": counter.count,
+        "peak_memory_bytes": metrics.peak_memory_bytes(),
+        "state_bytes": manager.state_bytes,
+    }
+    for result in texts[: _PRINT_TEXT.value]:
+        print(
+            f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {result.text!r}"
+        )
+    print(json.dumps(summary, indent=1))
+    if _SUMMARY.value:
+        with open(_SUMMARY.value, "w") as f:
+            json.dump(summary, f, indent=1)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,278 @@
+"""A robot policy: the engine, one robot's transforms and the tokenizer, behind openpi's `infer(obs)`.
+
+Drop-in for openpi's `Policy`: one unbatched raw observation in, robot-space `actions` [H, robot dims]
+and `policy_timing` out. With language on, `text` comes from the same prefill as the actions
+(`Engine.act_and_speak`), so speaking never costs a second pass over the images.
+"""
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import traverse_util
+
+from oxygen_jax import checkpoints, config
+from oxygen_jax.engine.engine import Engine
+from oxygen_jax.models import inputs as _inputs
+from oxygen_jax.models import pi05
+from oxygen_jax.policies import aloha, droid, libero, normalization, transforms
+from oxygen_jax.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+PARAMS_DTYPES = ("bfloat16", "float32")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Robot:
+    make_pipeline: Callable[..., transforms.Pipeline]
+    action_dim: int
+    metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+_ROBOTS = {
+    "libero": _Robot(libero.make_libero_pipeline, libero.ACTION_DIM),
+    "droid": _Robot(droid.make_droid_pipeline, droid.ACTION_DIM),
+    # openpi's pi05_aloha policy metadata: the arm pose clients reset to.
+    "aloha": _Robot(aloha.make_aloha_pipeline, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class _FittingPrompt:
+    """Refuses a task prompt that alone overflows the model's `max_len` (openpi would cut the task text
+    with only a log line). A discrete state that overflows is cut as openpi does: the model was trained
+    on such prompts. The wrapped tokenizer is one token longer, to tell "fits exactly" from "was cut"."""
+
+    tokenizer: Tokenizer
+
+    def tokenize(self, prompt: str, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        ids, mask = self.tokenizer.tokenize(prompt, state)
+        if mask[-1] and (state is None or self.tokenizer.tokenize(prompt, None)[1][-1]):
+            raise ValueError(f"prompt too long: it does not fit in max_token_len {len(mask) - 1} tokens")
+        return ids[:-1], mask[:-1]
+
+
+def _check_raw(obs: Mapping[str, Any]) -> None:
+    """Reject what the transforms would silently pass on or fail on obscurely, naming the key."""
+    for path, value in traverse_util.flatten_dict(dict(obs), sep="/").items():
+        if path.rsplit("/", 1)[-1] == "prompt":
+            if not isinstance(value, str | bytes) and np.asarray(value).dtype.kind not in "US":
+                raise ValueError(f"{path!r}: expected a string, got {type(value).__name__}")
+            continue
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise ValueError(f"{path!r}: contains NaN or infinite values")
+        if "image" in path and not (
+            array.ndim == 3 and 3 in (array.shape[0], array.shape[-1]) and array.dtype.kind in "uf"
+        ):
+            raise ValueError(
+                f"{path!r}: expected one uint8 or float image, HWC or CHW with 3 channels, "
+                f"got {array.dtype} {list(array.shape)}"
+            )
+
+
+class Policy:
+    """Engine + robot pipeline + tokenizer. Not thread-safe: serve it from one thread at a time."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        pipeline: transforms.Pipeline,
+        tokenizer: Tokenizer,
+        *,
+        num_steps: int = 10,
+        max_text_tokens: int = 0,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.num_steps = num_steps
+        self.max_text_tokens = max_text_tokens
+        self._pipeline = pipeline
+        self._tokenizer = tokenizer
+        self._temperature = temperature
+        self._top_p = top_p
+        # Per-call seeds for the noise and the text sampler, reproducible from `seed`.
+        self._rng = np.random.default_rng(seed)
+        self._metadata = dict(metadata or {})
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """What the server sends each client on connect (openpi's policy metadata, plus ours)."""
+        return {
+            **self._metadata,
+            "action_horizon": self.engine.config.action_horizon,
+            "num_steps": self.num_steps,
+            "language": self.max_text_tokens > 0,
+            "max_text_tokens": self.max_text_tokens,
+            "temperature": self._temperature,
+        }
+
+    def model_inputs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """One raw robot observation -> unbatched model-level arrays (`image/<camera>`, `state`, ...)."""
+        _check_raw(obs)
+        try:
+            data = self._pipeline.inputs(dict(obs))
+        except KeyError as error:
+            raise ValueError(f"observation is missing {error.args[0]!r}; got keys {sorted(obs)}") from error
+        except (TypeError, IndexError) as error:
+            raise ValueError(f"malformed observation: {type(error).__name__}: {error}") from error
+        arrays = traverse_util.flatten_dict(data, sep="/")
+        dim = self.engine.config.action_dim
+        if np.shape(arrays["state"]) != (dim,):
+            raise ValueError(
+                f"'state': expected one unbatched state vector of at most {dim} values, "
+                f"got shape {list(np.shape(arrays['state']))} after the robot transforms"
+            )
+        return arrays
+
+    def infer(
+        self,
+        obs: Mapping[str, Any],
+        *,
+        noise: np.ndarray | None = None,
+        prompt_for_text: bool | None = None,
+        max_text_tokens: int | None = None,
+        temperature: float | None = None,
+    ) -> dict[str, Any]:
+        """openpi's `infer`, plus `text` and `text_tokens` when language is on for this call.
+
+        noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic.
+        prompt_for_text: ask for text (None: iff the policy's `max_text_tokens` > 0; False: actions only).
+        max_text_tokens, temperature: this call's text budget (at most the policy's) and sampling.
+        `policy_timing`: `infer_ms` until the actions are ready, `text_ms` until the text is.
+        """
+        budget = self._text_budget(prompt_for_text, max_text_tokens)
+        temperature = self._temperature if temperature is None else float(temperature)
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+        arrays = self.model_inputs(obs)
+        observation = _inputs.observation_from_arrays(
+            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
+        )
+        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
+        noise = self._noise(noise, noise_seed)
+
+        start = time.monotonic()
+        text = None
+        if budget:
+            actions, text = self.engine.act_and_speak(
+                observation,
+                noise,
+                self.num_steps,
+                self.max_text_tokens,
+                temperature=temperature,
+                top_p=self._top_p,
+                max_new=budget,
+                seed=text_seed,
+            )
+        else:
+            actions = self.engine.denoise(self.engine.prefill(observation), noise, self.num_steps)
+        # float32 state, as openpi hands the jax-converted model input state to the output transforms.
+        outputs = {"state": np.asarray(arrays["state"], np.float32), "actions": np.asarray(actions[0])}
+        timing = {"infer_ms": (time.monotonic() - start) * 1000}
+        outputs = self._pipeline.outputs(outputs)
+        if text is not None:
+            tokens = np.asarray(text.tokens[0, : int(text.lengths[0])], np.int32)
+            timing["text_ms"] = (time.monotonic() - start) * 1000
+            outputs["text"] = self._tokenizer.detokenize(tokens)
+            outputs["text_tokens"] = tokens
+        outputs["policy_timing"] = timing
+        return outputs
+
+    def _text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
+        """New tokens this call may generate (0: no text); the jitted buffer stays `self.max_text_tokens`."""
+        if prompt_for_text is False:
+            return 0
+        budget = self.max_text_tokens if max_text_tokens is None else int(max_text_tokens)
+        if not 0 <= budget <= self.max_text_tokens:
+            raise ValueError(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
+        if prompt_for_text and budget == 0:
+            raise ValueError("text was asked for, but this policy has language off (max_text_tokens 0)")
+        return budget
+
+    def _noise(self, noise: np.ndarray | None, seed: int) -> jax.Array:
+        if noise is None:
+            return self.engine.noise(jax.random.key(seed), 1)
+        noise = np.asarray(noise)
+        arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
+        return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
+
+
+def _load(
+    cfg, model_config: pi05.Pi05Config, checkpoint_dir: str | None, params_dtype: str | None
+) -> tuple[dict, dict[str, normalization.NormStats] | None]:
+    """(params cast to `params_dtype`, norm stats); without a checkpoint random params, no normalization."""
+    if params_dtype is not None and params_dtype not in PARAMS_DTYPES:
+        raise ValueError(f"params_dtype must be one of {PARAMS_DTYPES} or None, got {params_dtype!r}")
+    dtype = None if params_dtype is None else jnp.dtype(params_dtype)
+    if checkpoint_dir is None:
+        logger.warning(
+            "no checkpoint: %s is random-initialized (seed %d) with identity normalization; its actions "
+            "and text are meaningless",
+            cfg.name,
+            cfg.seed,
+        )
+        params = pi05.init_params(model_config, jax.random.key(cfg.seed))
+        return (params if dtype is None else pi05.cast_params(params, dtype)), None
+    params = checkpoints.restore_params(checkpoint_dir, expected=pi05.param_shapes(model_config), dtype=dtype)
+    stats_file = checkpoints.norm_stats_path(checkpoint_dir, cfg.asset_id)
+    logger.info("restored params from %s (%s), norm stats from %s", checkpoint_dir, params_dtype, stats_file)
+    return params, normalization.load_norm_stats(stats_file)
+
+
+def create_policy(
+    config_name: str,
+    checkpoint_dir: str | None,
+    *,
+    tokenizer_path: str | None = None,
+    max_text_tokens: int = 0,
+    default_prompt: str | None = None,
+    num_steps: int | None = None,
+    params_dtype: str | None = "bfloat16",
+    overrides: Mapping[str, Any] | None = None,
+) -> Policy:
+    """A policy for `configs/<config_name>.py` (its `robot` picks the transforms) on an openpi checkpoint.
+
+    Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json`, as openpi's
+    `create_trained_policy`, which also restores params as bfloat16: `params_dtype="bfloat16"` replicates
+    that (the engine then casts to its compute dtype), "float32" keeps full precision, None the stored
+    dtype. `overrides` are flattened config fields, e.g. `{"model.discrete_state_input": False}`.
+    """
+    cfg = config.load_config(config_name)
+    if overrides:
+        cfg.update_from_flattened_dict(dict(overrides))
+    robot = _ROBOTS.get(cfg.get("robot"))
+    if robot is None:
+        raise ValueError(
+            f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
+        )
+    model_config = config.model_config(cfg)
+    params, norm_stats = _load(cfg, model_config, checkpoint_dir, params_dtype)
+    tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
+    pipeline = robot.make_pipeline(
+        norm_stats,
+        _FittingPrompt(tokenizer),
+        action_dim=model_config.action_dim,
+        discrete_state_input=cfg.model.discrete_state_input,
+        default_prompt=default_prompt,
+    )
+    return Policy(
+        Engine(params, model_config, eos_id=tokenizer.eos_id),
+        pipeline,
+        tokenizer,
+        num_steps=num_steps or cfg.num_steps,
+        max_text_tokens=max_text_tokens,
+        temperature=cfg.engine.temperature,
+        top_p=cfg.engine.top_p,
+        seed=cfg.seed,
+        metadata={"config": cfg.name, "robot": cfg.robot, "action_dim": robot.action_dim, **robot.metadata},
+    )

@@ -1,0 +1,207 @@
+"""The KV cache manager: the request table, slots of the batch state and the admission queue.
+
+Python bookkeeping only; every device update goes through the engine's jitted entry points with
+bucketed shapes, so the number of compilations stays bounded whatever the traffic.
+"""
+
+import collections
+import dataclasses
+from collections.abc import Callable
+
+import numpy as np
+
+from oxygen_jax.engine.batch_state import BatchState, state_bytes
+from oxygen_jax.engine.engine import Engine
+from oxygen_jax.models.pi05 import PrefixCache
+from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult
+
+
+def bucket(n: int, limit: int) -> int:
+    """Smallest power of two >= n (capped at limit): the padded batch size for n rows."""
+    size = 1
+    while size < n:
+        size *= 2
+    return max(n, min(size, limit))
+
+
+@dataclasses.dataclass
+class _Pending:
+    request: TextRequest
+    cache: PrefixCache
+    row: int
+
+
+class KVCacheManager:
+    """Owns the batch state σ̂ and the mapping request id -> slot. Requests are never dropped."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_slots: int,
+        max_new_tokens: int,
+        detokenize: Callable[[np.ndarray], str] | None = None,
+    ):
+        self.engine = engine
+        self.max_slots = max_slots
+        self.max_new_tokens = max_new_tokens
+        self.detokenize = detokenize or (lambda ids: " ".join(map(str, ids)))
+        self.state: BatchState = engine.init_state(max_slots, max_new_tokens)
+        self._slot_request: list[TextRequest | None] = [None] * max_slots
+        self._free = collections.deque(range(max_slots))
+        self._queue: collections.deque[_Pending] = collections.deque()
+        self._streamed = np.zeros(max_slots, np.int64)
+        self._status: dict[int, RequestStatus] = {}
+        self.tokens_generated = 0
+
+    # --- request table ---
+    @property
+    def active(self) -> int:
+        return self.max_slots - len(self._free)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def state_bytes(self) -> int:
+        return state_bytes(self.state)
+
+    def status(self, request_id: int) -> RequestStatus:
+        return self._status.get(request_id, RequestStatus.UNKNOWN)
+
+    def submit(self, request: TextRequest, cache: PrefixCache, row: int, frame: int) -> None:
+        """Queues a request on row `row` of a frame's prefix cache; `admit` moves it into a slot."""
+        if not 1 <= request.max_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"max_new_tokens must lie in [1, {self.max_new_tokens}], got {request.max_new_tokens}"
+            )
+        if request.request_id in self._status and self._status[request.request_id] in (
+            RequestStatus.QUEUED,
+            RequestStatus.RUNNING,
+        ):
+            raise ValueError(f"request id {request.request_id} is already in flight")
+        request.arrival_frame = frame
+        self._queue.append(_Pending(request, cache, row))
+        self._status[request.request_id] = RequestStatus.QUEUED
+
+    def admit(self, frame: int) -> None:
+        """Moves queued requests (FIFO) into free slots, one bucketed insert per source cache."""
+        groups: dict[int, list[tuple[_Pending, int]]] = {}
+        while self._queue and self._free:
+            pending = self._queue.popleft()
+            slot = self._free.popleft()
+            groups.setdefault(id(pending.cache), []).append((pending, slot))
+        for entries in groups.values():
+            self._insert(entries, frame)
+        # Keep only single rows of queued requests' caches so whole frame caches can be freed.
+        for pending in self._queue:
+            if pending.cache.mask.shape[0] > 1:
+                pending.cache = self.engine.select_rows(pending.cache, np.array([pending.row]))
+                pending.row = 0
+
+    def _insert(self, entries: list[tuple[_Pending, int]], frame: int) -> None:
+        size = bucket(len(entries), self.max_slots)
+        pad = size - len(entries)
+        rows = np.array([p.row for p, _ in entries] + [0] * pad)
+        slots = np.array([s for _, s in entries] + [self.max_slots] * pad)  # out of range: dropped
+        reqs = [p.request for p, _ in entries]
+        fill = [0] * pad
+        cache = self.engine.select_rows(entries[0][0].cache, rows)
+        self.state = self.engine.insert(
+            self.state,
+            cache,
+            slots,
+            max_new=np.array([r.max_new_tokens for r in reqs] + [1] * pad),
+            temperature=np.array([r.temperature for r in reqs] + fill, np.float32),
+            top_p=np.array([r.top_p for r in reqs] + [1.0] * pad, np.float32),
+            seeds=np.array([r.seed for r in reqs] + fill, np.uint32),
+        )
+        for request, slot in zip(reqs, slots, strict=False):
+            request.admitted_frame = frame
+            self._slot_request[slot] = request
+            self._streamed[slot] = 0
+            self._status[request.request_id] = RequestStatus.RUNNING
+
+    # --- decoding ---
+    def decode(self, num_steps: int) -> None:
+        if self.active and num_steps > 0:
+            self.state = self.engine.decode(self.state, num_steps)
+
+    def harvest(self, frame: int) -> list[TextResult]:
+        """Streams new tokens, finishes done slots (detokenize, callbacks) and evicts them."""
+        if not self.active:
+            return []
+        done = np.asarray(self.state.done)
+        n_generated = np.asarray(self.state.n_generated)
+        tokens = np.asarray(self.state.tokens)
+        logprobs = np.asarray(self.state.logprobs)
+        finished, free_slots = [], []
+        for slot, request in enumerate(self._slot_request):
+            if request is None:
+                continue
+            n = int(n_generated[slot])
+            if request.on_tokens is not None and n > self._streamed[slot]:
+                request.on_tokens(request.request_id, tokens[slot, self._streamed[slot] : n].copy())
+            self.tokens_generated += n - int(self._streamed[slot])
+            self._streamed[slot] = n
+            if done[slot]:
+                eos = n > 0 and tokens[slot, n - 1] == self.engine.eos_id
+                finished.append(
+                    self._finish(
+                        slot, tokens[slot, :n], logprobs[slot, :n], "eos" if eos else "length", frame
+                    )
+                )
+                free_slots.append(slot)
+        self._evict(free_slots)
+        return finished
+
+    def cancel(self, request_id: int, frame: int = -1) -> bool:
+        """Stops a queued or running request; its slot is freed at once. False if not in flight."""
+        for i, pending in enumerate(self._queue):
+            if pending.request.request_id == request_id:
+                del self._queue[i]
+                self._status[request_id] = RequestStatus.CANCELLED
+                self._notify(
+                    pending.request, np.zeros(0, np.int32), np.zeros(0, np.float32), "cancelled", frame
+                )
+                return True
+        for slot, request in enumerate(self._slot_request):
+            if request is not None and request.request_id == request_id:
+                n = int(np.asarray(self.state.n_generated)[slot])
+                tokens = np.asarray(self.state.tokens)[slot, :n]
+                logprobs = np.asarray(self.state.logprobs)[slot, :n]
+                self._finish(slot, tokens, logprobs, "cancelled", frame)
+                self._evict([slot])
+                return True
+        return False
+
+    def _finish(self, slot: int, tokens, logprobs, reason: str, frame: int) -> TextResult:
+        request = self._slot_request[slot]
+        self._slot_request[slot] = None
+        self._status[request.request_id] = (
+            RequestStatus.CANCELLED if reason == "cancelled" else RequestStatus.DONE
+        )
+        return self._notify(request, tokens, logprobs, reason, frame)
+
+    def _notify(self, request: TextRequest, tokens, logprobs, reason: str, frame: int) -> TextResult:
+        result = TextResult(
+            request_id=request.request_id,
+            tokens=np.asarray(tokens, np.int32).copy(),
+            logprobs=np.asarray(logprobs, np.float32).copy(),
+            text=self.detokenize(np.asarray(tokens)),
+            finish_reason=reason,
+            arrival_frame=request.arrival_frame,
+            admitted_frame=request.admitted_frame,
+            finished_frame=frame,
+        )
+        if request.on_done is not None:
+            request.on_done(result)
+        return result
+
+    def _evict(self, slots: list[int]) -> None:
+        if not slots:
+            return
+        padded = np.full(self.max_slots, self.max_slots)  # one compiled shape for any count
+        padded[: len(slots)] = slots
+        self.state = self.engine.evict(self.state, padded)
+        self._free.extend(slots)

@@ -1,0 +1,139 @@
+"""The frame loop: actions on a hard per-frame deadline, language batched across frames.
+
+Per frame: prefill the frame's observations once (rows padded to a bucketed batch size) -> denoise ->
+emit the action chunks -> queue the frame's language requests on the same prefix cache -> admit them into
+free slots -> decode(k) for every active slot -> harvest finished requests (detokenize, callbacks) ->
+evict. k comes from a FixedK or DeadlineK policy.
+"""
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+from oxygen_jax.engine.engine import Engine
+from oxygen_jax.models import inputs
+from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
+from oxygen_jax.runtime.manager import KVCacheManager, bucket
+from oxygen_jax.runtime.requests import TextRequest, TextResult
+
+
+@dataclasses.dataclass
+class FrameInput:
+    """One observation (model-level arrays with batch dim 1), optional noise [1, H, A], and the
+    language requests that ask about this observation (they share its prefix cache)."""
+
+    arrays: dict[str, np.ndarray]
+    noise: np.ndarray | None = None
+    requests: list[TextRequest] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class FrameResult:
+    frame: int
+    actions: list[np.ndarray]  # one [H, action_dim] chunk per input, in input order
+    finished: list[TextResult]
+    k: int
+    decode_batch: int  # active slots during decode
+    new_tokens: int  # language tokens produced this frame
+    action_s: float  # prefill + denoise, until the actions are on the host
+    decode_s: float
+    total_s: float
+
+
+class FrameScheduler:
+    def __init__(
+        self,
+        engine: Engine,
+        manager: KVCacheManager,
+        k_policy: FixedK | DeadlineK,
+        *,
+        num_steps: int = 10,
+        max_prefill_batch: int = 4,
+        seed: int = 0,
+    ):
+        self.engine = engine
+        self.manager = manager
+        self.k_policy = k_policy
+        self.num_steps = num_steps
+        self.max_prefill_batch = max_prefill_batch
+        self.frame = 0
+        self._rng = np.random.default_rng(seed)
+
+    def step(self, frame_inputs: list[FrameInput]) -> FrameResult:
+        start = time.perf_counter()
+        actions: list[np.ndarray] = []
+        if frame_inputs:
+            actions = self._act_and_queue(frame_inputs)
+        action_s = time.perf_counter() - start
+
+        self.manager.admit(self.frame)
+        decode_batch = self.manager.active
+        k = self.k_policy.choose() if decode_batch else 0
+        tokens_before = self.manager.tokens_generated
+        decode_start = time.perf_counter()
+        if k:
+            self.manager.decode(k)
+            jax.block_until_ready(self.manager.state.done)
+        decode_s = time.perf_counter() - decode_start
+        finished = self.manager.harvest(self.frame)
+        total_s = time.perf_counter() - start
+        if frame_inputs:
+            self.k_policy.observe_frame(action_s, decode_s, k, total_s - action_s - decode_s)
+        new_tokens = self.manager.tokens_generated - tokens_before
+        result = FrameResult(
+            self.frame, actions, finished, k, decode_batch, new_tokens, action_s, decode_s, total_s
+        )
+        self.frame += 1
+        return result
+
+    def _act_and_queue(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+        n = len(frame_inputs)
+        size = bucket(n, self.max_prefill_batch)
+        rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row
+        config = self.engine.config
+        stacked = {
+            key: np.concatenate([frame_inputs[r].arrays[key] for r in rows])
+            for key in frame_inputs[0].arrays
+            if key not in ("noise", "state")
+        }
+        obs = inputs.observation_from_arrays(stacked, config)
+        noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
+        cache = self.engine.prefill(obs)
+        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps))[:n]
+        for row, item in enumerate(frame_inputs):
+            for request in item.requests:
+                self.manager.submit(request, cache, row, self.frame)
+        return list(actions)
+
+    def _noise(self, item: FrameInput) -> np.ndarray:
+        if item.noise is not None:
+            return np.asarray(item.noise, np.float32)
+        shape = (1, self.engine.config.action_horizon, self.engine.config.action_dim)
+        return self._rng.standard_normal(shape, dtype=np.float32)
+
+    def warmup(self, example: dict[str, np.ndarray]) -> None:
+        """Compiles every shape steady state can meet (each prefill bucket, each insert bucket, decode,
+        evict), then leaves the manager empty. `example`: one observation's arrays (batch dim 1)."""
+        sizes = sorted({bucket(n, self.max_prefill_batch) for n in range(1, self.max_prefill_batch + 1)})
+        slots = self.manager.max_slots
+        saved_policy, self.k_policy = self.k_policy, FixedK(1)
+        request_id = -1
+        for size in sizes:
+            frame_inputs = [FrameInput(example) for _ in range(size)]
+            # Enough requests on this prefill batch to exercise every insert bucket up to max_slots.
+            for n_requests in sorted({bucket(n, slots) for n in range(1, slots + 1)}):
+                requests = [TextRequest(request_id - i, max_new_tokens=1) for i in range(n_requests)]
+                request_id -= n_requests
+                for i, request in enumerate(requests):
+                    frame_inputs[i % size].requests.append(request)
+                self.step(frame_inputs)
+                frame_inputs = [FrameInput(example) for _ in range(size)]
+        # A queued request's compacted single-row cache, inserted later.
+        overflow = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots + 1)]
+        self.step([FrameInput(example, requests=overflow)])
+        while self.manager.active or self.manager.queued:
+            self.step([])
+        self.k_policy = saved_policy
+        self.frame = 0

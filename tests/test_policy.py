@@ -1,0 +1,135 @@
+"""Policy.infer end to end against openpi's `create_trained_policy(...).infer` (golden policy_e2e)."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import GOLDEN
+
+from oxygen_jax.policies.policy import create_policy
+
+pytestmark = pytest.mark.timeout(60)
+
+E2E = np.load(GOLDEN / "policy_e2e.npz")
+DESCRIPTION = json.loads((GOLDEN / "policy_e2e.json").read_text())
+TOKENIZER = str(GOLDEN / "tokenizer" / "tiny_paligemma_standin.model")
+VARIANTS = {"dsi0": False, "dsi1": True}
+ACTIONS_ATOL = 1e-4
+
+
+def make_policy(tag: str, params_dtype: str = "bfloat16", max_text_tokens: int = 0):
+    return create_policy(
+        "pi05_tiny",
+        str(GOLDEN / "checkpoint"),
+        tokenizer_path=TOKENIZER,
+        max_text_tokens=max_text_tokens,
+        params_dtype=params_dtype,
+        overrides={
+            "model.discrete_state_input": VARIANTS[tag],
+            "asset_id": "physical-intelligence/libero",
+        },
+    )
+
+
+def raw_observation() -> dict:
+    """The golden raw LIBERO observation, unbatched, as a robot sends it."""
+    return {key.removeprefix("in/"): E2E[key] for key in E2E.files if key.startswith("in/observation/")} | {
+        "prompt": str(E2E["in/prompt"])
+    }
+
+
+@pytest.fixture(scope="module")
+def policies():
+    """Language on (8 tokens) in every policy: the golden actions must not depend on it."""
+    return {
+        (tag, dtype): make_policy(tag, dtype, max_text_tokens=8)
+        for tag in VARIANTS
+        for dtype in ("bfloat16", "float32")
+    }
+
+
+@pytest.mark.parametrize("tag", VARIANTS)
+def test_model_inputs_equal_openpi(policies, tag):
+    ours = policies[tag, "bfloat16"].model_inputs(raw_observation())
+    prefix = f"model_input/{tag}/"
+    golden = {key.removeprefix(prefix): E2E[key] for key in E2E.files if key.startswith(prefix)}
+    assert ours.keys() == golden.keys()
+    for key, want in golden.items():
+        np.testing.assert_array_equal(ours[key], want, err_msg=key)
+
+
+@pytest.mark.parametrize("tag", VARIANTS)
+@pytest.mark.parametrize(
+    ("dtype", "golden_key"), [("bfloat16", "actions"), ("float32", "actions_f32_params")]
+)
+def test_actions_match_openpi(policies, tag, dtype, golden_key):
+    out = policies[tag, dtype].infer(raw_observation(), noise=E2E["in/noise"])
+    want = E2E[f"out/{tag}/{golden_key}"]
+    assert out["actions"].shape == tuple(DESCRIPTION["variants"][tag]["actions_shape"])
+    np.testing.assert_allclose(out["actions"], want, atol=ACTIONS_ATOL, rtol=0)
+
+
+def test_openpi_output_keys_plus_text(policies):
+    out = policies["dsi0", "bfloat16"].infer(raw_observation())
+    openpi_keys = set(DESCRIPTION["variants"]["dsi0"]["policy_output_keys"])
+    assert set(out) == openpi_keys | {"text", "text_tokens"}
+    assert isinstance(out["text"], str)
+    assert out["text_tokens"].dtype == np.int32
+    assert 1 <= len(out["text_tokens"]) <= 8
+    assert out["policy_timing"]["infer_ms"] > 0
+
+
+def test_text_and_actions_share_one_prefill(policies):
+    policy = policies["dsi0", "bfloat16"]
+    for _ in range(3):
+        before = policy.engine.stats.prefill_calls
+        out = policy.infer(raw_observation(), noise=E2E["in/noise"])
+        assert policy.engine.stats.prefill_calls == before + 1
+        assert "text" in out
+
+
+def test_actions_do_not_depend_on_language(policies):
+    policy = policies["dsi0", "bfloat16"]
+    with_text = policy.infer(raw_observation(), noise=E2E["in/noise"])
+    without = policy.infer(raw_observation(), noise=E2E["in/noise"], prompt_for_text=False)
+    assert "text" not in without
+    np.testing.assert_array_equal(with_text["actions"], without["actions"])
+
+
+def test_language_off_by_default():
+    out = make_policy("dsi0").infer(raw_observation(), noise=E2E["in/noise"])
+    assert set(out) == {"actions", "policy_timing"}
+
+
+def test_metadata_names_horizon_robot_and_language(policies):
+    metadata = policies["dsi0", "bfloat16"].metadata
+    assert metadata["action_horizon"] == 10
+    assert metadata["robot"] == "libero"
+    assert metadata["language"] is True
+    assert metadata["max_text_tokens"] == 8
+
+
+def _without(key: str) -> dict:
+    obs = raw_observation()
+    del obs[key]
+    return obs
+
+
+@pytest.mark.parametrize(
+    ("obs", "kwargs", "named"),
+    [
+        (_without("observation/state"), {}, "observation/state"),
+        (_without("prompt"), {}, "Prompt"),
+        (raw_observation() | {"observation/state": np.full(8, np.nan)}, {}, "observation/state"),
+        (raw_observation() | {"observation/state": np.zeros((2, 8))}, {}, "state"),
+        (raw_observation() | {"observation/image": np.zeros((224, 224), np.uint8)}, {}, "observation/image"),
+        (raw_observation() | {"prompt": "pick up the bowl " * 40}, {}, "prompt too long"),
+        (raw_observation(), {"noise": np.zeros((10, 7), np.float32)}, "noise"),
+        (raw_observation(), {"noise": np.full((10, 32), np.inf, np.float32)}, "noise"),
+        (raw_observation(), {"max_text_tokens": 9}, "max_text_tokens"),
+        (raw_observation(), {"temperature": -1.0}, "temperature"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_it(policies, obs, kwargs, named):
+    with pytest.raises(ValueError, match=named):
+        policies["dsi0", "bfloat16"].infer(obs, **kwargs)
