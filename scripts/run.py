@@ -115,9 +115,7 @@ def main(_):
         "state_bytes": manager.state_bytes,
     }
     for result in texts[: _PRINT_TEXT.value]:
-        print(
-            f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {result.text!r}"
-        )
+        print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tok): {result.text!r}")
     print(json.dumps(summary, indent=1))
     if _SUMMARY.value:
         with open(_SUMMARY.value, "w") as f:

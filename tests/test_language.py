@@ -156,3 +156,24 @@ def test_sampling_is_reproducible_and_top_p_small_is_greedy(engine, golden_obs):
     assert (np.asarray(a.tokens) != 1001).any()  # a hot temperature leaves this model's greedy token
     nucleus = engine.generate(cache, 8, temperature=10.0, top_p=1e-6, seed=key)
     np.testing.assert_array_equal(nucleus.tokens, engine.generate(cache, 8).tokens)
+
+
+def test_skipping_a_camera_masked_in_every_row_changes_nothing(
+    golden_params, tiny_config, golden_obs, model_io
+):
+    """Row 1 masks its right wrist camera; alone, that camera is left out of vision and prefill."""
+    row = _rows(golden_obs, [1])
+    skipping, computing = (
+        Engine(golden_params, tiny_config),
+        Engine(golden_params, tiny_config, skip_masked_cameras=False),
+    )
+    assert skipping.masked_cameras(row) == ("right_wrist_0_rgb",)
+    short, full = skipping.prefill(row), computing.prefill(row)
+    assert short.mask.shape[1] == full.mask.shape[1] - tiny_config.image_tokens
+    noise = model_io["in/noise"][1:]
+    np.testing.assert_allclose(
+        skipping.denoise(short, noise), computing.denoise(full, noise), rtol=0, atol=1e-5
+    )
+    text_short, text_full = skipping.generate(short, STEPS), computing.generate(full, STEPS)
+    np.testing.assert_array_equal(text_short.tokens, text_full.tokens)
+    np.testing.assert_allclose(text_short.logprobs, text_full.logprobs, rtol=0, atol=1e-5)

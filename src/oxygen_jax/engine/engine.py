@@ -24,13 +24,16 @@ class EngineStats:
 class Engine:
     """pi0.5 params + config, with every entry point jitted once."""
 
-    def __init__(self, params: dict, config: pi05.Pi05Config, *, eos_id: int = 1):
+    def __init__(
+        self, params: dict, config: pi05.Pi05Config, *, eos_id: int = 1, skip_masked_cameras: bool = True
+    ):
         self.config = config
         self.eos_id = eos_id
+        self.skip_masked_cameras = skip_masked_cameras
         self.params = jax.device_put(pi05.cast_params(params, config.dtype))
         self.stats = EngineStats()
         static = {"static_argnums": (1,)}
-        self._prefill = jax.jit(pi05.prefill, **static)
+        self._prefill = jax.jit(pi05.prefill, static_argnums=(1, 3))
         self._denoise = jax.jit(pi05.denoise, **static)
         self._generate = jax.jit(language.generate, static_argnums=(1, 3, 8))
         self._score = jax.jit(language.score, **static)
@@ -41,9 +44,16 @@ class Engine:
 
     # --- one observation batch ---
     def prefill(self, obs: pi05.Observation) -> pi05.PrefixCache:
+        """One prefix pass. Cameras masked in every row are skipped (a third less work for LIBERO and
+        DROID, which always mask one of three), unless the engine was built with skip_masked_cameras=False."""
         self.stats.prefill_calls += 1
         self.stats.prefill_rows += obs.tokenized_prompt.shape[0]
-        return self._prefill(self.params, self.config, obs)
+        return self._prefill(self.params, self.config, obs, self.masked_cameras(obs))
+
+    def masked_cameras(self, obs: pi05.Observation) -> tuple[str, ...]:
+        if not self.skip_masked_cameras:
+            return ()
+        return tuple(k for k in self.config.image_keys if not np.asarray(obs.image_masks[k]).any())
 
     def denoise(self, cache: pi05.PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
         return self._denoise(self.params, self.config, cache, noise, num_steps)

@@ -133,17 +133,22 @@ def make_attn_mask(input_mask: jax.Array, ar_mask: jax.Array) -> jax.Array:
     return attn & valid
 
 
-def embed_prefix(params: dict, config: Pi05Config, obs: Observation):
-    """Camera + prompt tokens. Returns (tokens [B, P, D], input mask [B, P], ar_mask [P])."""
+def embed_prefix(params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()):
+    """Camera + prompt tokens. Returns (tokens [B, P, D], input mask [B, P], ar_mask [P]).
+
+    Cameras in `skip_cameras` (masked for every row) are left out entirely: their tokens would be
+    invisible anyway, and positions only count valid tokens, so the results are the same.
+    """
     tokens, masks = [], []
-    for key in config.image_keys:
+    cameras = [key for key in config.image_keys if key not in skip_cameras]
+    for key in cameras:
         image_tokens = _vision(config).apply({"params": params["PaliGemma"]["img"]}, obs.images[key])
         tokens.append(image_tokens)
         masks.append(jnp.broadcast_to(obs.image_masks[key][:, None], image_tokens.shape[:2]))
     llm_params = {"params": params["PaliGemma"]["llm"]}
     tokens.append(_llm(config).apply(llm_params, obs.tokenized_prompt, method="embed"))
     masks.append(obs.tokenized_prompt_mask)
-    n_image = len(config.image_keys) * config.image_tokens
+    n_image = len(cameras) * config.image_tokens
     text_causal = config.prefix_attention == "causal_text"
     ar_mask = jnp.array([False] * n_image + [text_causal] * obs.tokenized_prompt.shape[1])
     return jnp.concatenate(tokens, axis=1), jnp.concatenate(masks, axis=1).astype(bool), ar_mask
@@ -154,9 +159,11 @@ def last_valid_index(mask: jax.Array) -> jax.Array:
     return mask.shape[1] - 1 - jnp.argmax(mask[:, ::-1], axis=1)
 
 
-def prefix_forward(params: dict, config: Pi05Config, obs: Observation) -> tuple[PrefixCache, jax.Array]:
+def prefix_forward(
+    params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()
+) -> tuple[PrefixCache, jax.Array]:
     """The prefix pass. Returns (cache, final-normed prefix hidden states [B, P, D])."""
-    tokens, mask, ar_mask = embed_prefix(params, config, obs)
+    tokens, mask, ar_mask = embed_prefix(params, config, obs, skip_cameras)
     positions = jnp.cumsum(mask, axis=1) - 1
     (hidden, _), (k, v) = _llm(config).apply(
         {"params": params["PaliGemma"]["llm"]}, [tokens, None], positions, make_attn_mask(mask, ar_mask)
@@ -166,8 +173,10 @@ def prefix_forward(params: dict, config: Pi05Config, obs: Observation) -> tuple[
     return cache, hidden
 
 
-def prefill(params: dict, config: Pi05Config, obs: Observation) -> PrefixCache:
-    return prefix_forward(params, config, obs)[0]
+def prefill(
+    params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()
+) -> PrefixCache:
+    return prefix_forward(params, config, obs, skip_cameras)[0]
 
 
 def posemb_sincos(t: jax.Array, width: int, min_period: float, max_period: float) -> jax.Array:
