@@ -115,7 +115,8 @@ def main(_):
         "state_bytes": manager.state_bytes,
     }
     for result in texts[: _PRINT_TEXT.value]:
-        print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tok): {result.text!r}")
+        tokens = len(result.tokens)
+        print(f"request {result.request_id} ({result.finish_reason}, {tokens} tokens): {result.text!r}")
     print(json.dumps(summary, indent=1))
     if _SUMMARY.value:
         with open(_SUMMARY.value, "w") as f:
