@@ -2,12 +2,12 @@
 
 import sys
 
-from absl import flags, logging
+from absl import flags
 from ml_collections import config_flags
 
-from oxygen_jax import checkpoints, config
+from oxygen_jax import config
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.models import pi05
+from oxygen_jax.params import load_params
 from oxygen_jax.tokenizer import Tokenizer
 
 
@@ -25,17 +25,10 @@ def parse_flags(argv: list[str]) -> list[str]:
     return flags.FLAGS(rewritten)
 
 
-def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0) -> Engine:
+def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: str | None = None) -> Engine:
     """An engine on an openpi checkpoint, or on a random-initialized model when none is given."""
     model_config = config.model_config(cfg)
-    if checkpoint_dir:
-        params = checkpoints.restore_params(checkpoint_dir, expected=pi05.param_shapes(model_config))
-        logging.info("restored params from %s", checkpoint_dir)
-    else:
-        import jax
-
-        logging.info("no --checkpoint_dir: random-initialized %s (seed %d)", cfg.name, seed)
-        params = pi05.init_params(model_config, jax.random.key(seed))
+    params = load_params(model_config, checkpoint_dir or None, seed=seed, dtype=params_dtype)
     return Engine(params, model_config)
 
 
