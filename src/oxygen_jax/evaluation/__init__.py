@@ -1,0 +1,1 @@
+"""Closed-loop evaluation: simulator rollouts (LIBERO, ALOHA sim) and the DROID robot client."""

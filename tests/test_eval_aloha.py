@@ -1,0 +1,183 @@
+"""ALOHA sim evaluation end to end with the tiny random-init model: the CLI with an in-process policy, and
+the CLI as an openpi client of the policy server; plus the loop's pieces on a stand-in policy."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import imageio
+import numpy as np
+import pytest
+
+from oxygen_jax.evaluation import aloha_sim, common
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MAX_TEXT_TOKENS = 4
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    # JAX warns on any fork; these forks only exec the CLI under test.
+    pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
+    # openpi-client's own use of websockets; not ours to fix.
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+
+@pytest.fixture(scope="module")
+def simulator():
+    """CI installs the `aloha` extra, so there a missing simulator or renderer fails instead of skipping."""
+    try:
+        common.configure_mujoco_gl()
+        common.require("gym_aloha", install=aloha_sim.INSTALL, purpose="the ALOHA simulation")
+    except common.MissingDependencyError as error:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(str(error))
+
+
+class StandInPolicy:
+    """Answers each request with a chunk whose rows count the calls, so replans show in the actions."""
+
+    def __init__(self) -> None:
+        self.metadata = {"action_horizon": 10}
+        self.requests: list[dict] = []
+
+    def infer(self, obs: dict) -> dict:
+        self.requests.append(obs)
+        return {
+            "actions": np.full((10, 14), len(self.requests), np.float32),
+            "text": f"call {len(self.requests)}",
+        }
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "eval_aloha.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=200,
+        check=False,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def check_episode(episode: dict, steps: int, replan_steps: int) -> None:
+    assert episode["success"] is False  # Random weights do not transfer cubes.
+    assert episode["max_reward"] == 0.0
+    assert episode["steps"] == steps
+    assert episode["control_hz"] > 0
+    replans = -(-steps // replan_steps)
+    assert episode["replans"] == replans
+    assert [t["step"] for t in episode["texts"]] == [replan_steps * i for i in range(replans)]
+    assert all(isinstance(t["text"], str) for t in episode["texts"])
+
+
+def test_cli_local_episode_writes_results_and_video(simulator, tmp_path):
+    run_cli(
+        "--config=pi05_tiny",
+        "--episodes=1",
+        "--max_steps=20",
+        f"--out_dir={tmp_path}",
+        f"--max_text_tokens={MAX_TEXT_TOKENS}",
+    )
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["policy"]["kind"] == "local"
+    assert results["policy"]["metadata"]["robot"] == "aloha"
+    [episode] = results["episodes"]
+    check_episode(episode, steps=20, replan_steps=10)
+    assert results["summary"] == {
+        "episodes": 1,
+        "successes": 0,
+        "success_rate": 0.0,
+        "mean_max_reward": 0.0,
+        "control_hz": episode["control_hz"],
+    }
+    frames = imageio.mimread(tmp_path / episode["video"])
+    assert len(frames) == 20
+    assert frames[0].shape == (480, 640, 3)
+
+
+def test_cli_remote_episode_through_the_server(simulator, tmp_path):
+    pytest.importorskip("openpi_client.websocket_client_policy")
+    from oxygen_jax.policies.policy import create_policy
+    from oxygen_jax.serving.policy_backend import PolicyServerBackend
+    from oxygen_jax.serving.websocket_server import BackgroundServer
+
+    policy = create_policy("pi05_tiny", None, max_text_tokens=MAX_TEXT_TOKENS, overrides={"robot": "aloha"})
+    with BackgroundServer(PolicyServerBackend(policy)) as server:
+        run_cli(
+            "--policy=remote",
+            f"--port={server.port}",
+            "--task=AlohaInsertion-v0",
+            "--episodes=1",
+            "--max_steps=6",
+            "--replan_steps=4",
+            "--nosave_video",
+            f"--out_dir={tmp_path}",
+        )
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["policy"]["kind"] == "remote"
+    assert results["policy"]["metadata"] == json.loads(json.dumps(policy.metadata))
+    assert results["prompt"] == aloha_sim.TASKS["AlohaInsertion-v0"]
+    [episode] = results["episodes"]
+    check_episode(episode, steps=6, replan_steps=4)
+    assert "video" not in episode
+
+
+def test_remote_without_a_server_is_a_one_line_error(simulator, tmp_path):
+    pytest.importorskip("openpi_client.websocket_client_policy")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "eval_aloha.py"),
+            "--policy=remote",
+            "--port=1",
+            f"--out_dir={tmp_path}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "error: no policy server at ws://127.0.0.1:1" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_observation_is_the_openpi_aloha_request():
+    gym_obs = {
+        "pixels": {"top": np.full((480, 640, 3), 200, np.uint8)},
+        "agent_pos": np.arange(14, dtype=np.float64),
+    }
+    obs = aloha_sim.observation(gym_obs, "Transfer cube")
+    assert set(obs) == {"images", "state", "prompt"}
+    image = obs["images"]["cam_high"]
+    assert image.shape == (3, 224, 224) and image.dtype == np.uint8
+    # 640x480 -> 224x168 with 28 black rows above and below, as openpi's resize_with_pad.
+    assert (image[:, :28] == 0).all() and (image[:, 28:196] == 200).all() and (image[:, 196:] == 0).all()
+    np.testing.assert_array_equal(obs["state"], np.arange(14))
+
+
+def test_chunker_replans_every_replan_steps():
+    policy = StandInPolicy()
+    chunker = common.ActionChunker(policy, replan_steps=3)
+    actions, replans = [], []
+    for step in range(7):
+        action, replan = chunker.act(step, lambda step=step: {"step": step})
+        actions.append(action[0])
+        replans.append(replan)
+    assert [r["step"] for r in policy.requests] == [0, 3, 6]
+    assert actions == [1, 1, 1, 2, 2, 2, 3]
+    assert [r.text for r in replans if r is not None] == ["call 1", "call 2", "call 3"]
+    chunker.reset()
+    chunker.act(7, lambda: {"step": 7})
+    assert len(policy.requests) == 4
+
+
+def test_chunker_refuses_replanning_past_the_horizon():
+    with pytest.raises(common.SetupError, match="exceeds the policy's action horizon 10"):
+        common.ActionChunker(StandInPolicy(), replan_steps=11)
