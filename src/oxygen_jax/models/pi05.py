@@ -6,6 +6,7 @@ The prefix (camera tokens + prompt tokens) runs once through the PaliGemma exper
 """
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import flax.struct
@@ -86,8 +87,9 @@ def _dense(features: int) -> nn.Dense:
     return nn.Dense(features)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def init_params(config: Pi05Config, rng: jax.Array) -> dict:
-    """Random params with openpi's initializers and tree (float32)."""
+    """Random params with openpi's initializers and tree (float32); jitted, as eager init is slow."""
     keys = jax.random.split(rng, 6)
     pg, ae = config.paligemma, config.action_expert
     llm = _llm(config)
