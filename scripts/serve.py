@@ -1,19 +1,31 @@
 """Serve a pi0.5 policy to openpi clients over websocket: actions, and language from the same prefill.
 
-  python scripts/serve.py --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24
+  python scripts/serve.py --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24 --k=2
   python scripts/serve.py --config=pi05_tiny --checkpoint_dir=../shared/golden/checkpoint --port=8001
 
-`--env` picks the config `pi05_<env>` unless `--config` is given; `--config.x=...` overrides apply either
-way. Without `--checkpoint_dir` the model is random-initialized (for smoke tests only).
+`--env` picks the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config`
+sets that config's robot transforms; `--config.x=...` overrides apply either way. Without
+`--checkpoint_dir` the model is random-initialized (for smoke tests only).
+
+By default (`--language=stream`) several robots are served at once: requests from different connections
+that arrive within `--gather_ms` (or as soon as every connected robot has one in) form one frame, up to
+`--max_batch` observations prefilled together; each robot's language request (`--max_text_tokens` > 0)
+decodes `--k` tokens per frame, or as many as `--target_hz` leaves time for, in a batch of `--max_slots`
+requests, and its replies stream the text (`text`, `text_tokens`, `text_done`, `text_request_id`). The
+first request compiles every shape (a one-time wait). `--language=inline` instead answers one request at a
+time and decodes its text to completion within it.
 """
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from oxygen_jax import cli
-from oxygen_jax.policies.policy import PARAMS_DTYPES, create_policy
+from oxygen_jax import cli, config
+from oxygen_jax.params import PARAMS_DTYPES
+from oxygen_jax.policies.policy import create_policy
+from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
+from oxygen_jax.runtime.session import MultiRobotSession
 from oxygen_jax.serving import websocket_server
-from oxygen_jax.serving.policy_backend import PolicyServerBackend
+from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 
 _ENV = flags.DEFINE_enum("env", "libero", ["libero", "droid", "aloha"], "Robot; picks config pi05_<env>.")
 _CONFIG = cli.define_config_flag("pi05_libero")
@@ -21,16 +33,27 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (ra
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
 _HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
-_MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Text tokens per reply at most (0: actions only).")
+_MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Text tokens per language request (0: actions only).")
 _PROMPT = flags.DEFINE_string("default_prompt", None, "Prompt for observations that carry none.")
 _PARAMS_DTYPE = flags.DEFINE_enum(
     "params_dtype", "bfloat16", list(PARAMS_DTYPES), "Restore params as this dtype (openpi: bfloat16)."
 )
+_LANGUAGE = flags.DEFINE_enum(
+    "language", "stream", ["stream", "inline"], "Stream text across frames, or decode it within each request."
+)
+_K = flags.DEFINE_integer("k", 4, "Decode steps per frame (ignored when --target_hz is set).")
+_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame rate to hold; k is chosen online per frame.")
+_MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
+_GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
 
 
 def main(_):
     config_flag = flags.FLAGS[_CONFIG.name]
     name = config_flags.get_config_filename(config_flag) if config_flag.present else f"pi05_{_ENV.value}"
+    overrides = config_flags.get_override_values(config_flag)
+    if flags.FLAGS["env"].present:  # an explicit --env also picks the robot transforms of another config
+        overrides = {"robot": _ENV.value, **overrides}
     try:
         policy = create_policy(
             name,
@@ -39,12 +62,23 @@ def main(_):
             max_text_tokens=_MAX_TEXT.value,
             default_prompt=_PROMPT.value,
             params_dtype=_PARAMS_DTYPE.value,
-            overrides=config_flags.get_override_values(config_flag),
+            overrides=overrides,
         )
     except (FileNotFoundError, ValueError) as error:
         cli.fail(str(error))
-    logging.info("policy metadata: %s", policy.metadata)
-    websocket_server.serve(PolicyServerBackend(policy), _HOST.value, _PORT.value)
+    if _LANGUAGE.value == "inline":
+        backend = PolicyServerBackend(policy)
+    else:
+        max_k = max(_MAX_TEXT.value, 1)
+        k_policy = DeadlineK(_TARGET_HZ.value, max_k=max_k) if _TARGET_HZ.value else FixedK(_K.value)
+        cfg = config.load_config(name)
+        cfg.update_from_flattened_dict(overrides)
+        session = MultiRobotSession(
+            policy, k_policy, max_slots=_MAX_SLOTS.value or cfg.engine.max_slots, max_batch=_MAX_BATCH.value
+        )
+        backend = SessionServerBackend(session, gather_ms=_GATHER_MS.value)
+    logging.info("serving metadata: %s", backend.metadata)
+    websocket_server.serve(backend, _HOST.value, _PORT.value)
 
 
 if __name__ == "__main__":

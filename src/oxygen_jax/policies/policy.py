@@ -19,13 +19,11 @@ from flax import traverse_util
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs as _inputs
-from oxygen_jax.models import pi05
+from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, transforms
 from oxygen_jax.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
-
-PARAMS_DTYPES = ("bfloat16", "float32")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,16 +148,14 @@ class Policy:
         max_text_tokens, temperature: this call's text budget (at most the policy's) and sampling.
         `policy_timing`: `infer_ms` until the actions are ready, `text_ms` until the text is.
         """
-        budget = self._text_budget(prompt_for_text, max_text_tokens)
-        temperature = self._temperature if temperature is None else float(temperature)
-        if not temperature >= 0.0:
-            raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+        budget = self.text_budget(prompt_for_text, max_text_tokens)
+        temperature = self.text_temperature(temperature)
         arrays = self.model_inputs(obs)
         observation = _inputs.observation_from_arrays(
             {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
         )
         noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
-        noise = self._noise(noise, noise_seed)
+        noise = self.action_noise(noise, noise_seed)
 
         start = time.monotonic()
         text = None
@@ -170,25 +166,42 @@ class Policy:
                 self.num_steps,
                 self.max_text_tokens,
                 temperature=temperature,
-                top_p=self._top_p,
+                top_p=self.top_p,
                 max_new=budget,
                 seed=text_seed,
             )
         else:
             actions = self.engine.denoise(self.engine.prefill(observation), noise, self.num_steps)
-        # float32 state, as openpi hands the jax-converted model input state to the output transforms.
-        outputs = {"state": np.asarray(arrays["state"], np.float32), "actions": np.asarray(actions[0])}
         timing = {"infer_ms": (time.monotonic() - start) * 1000}
-        outputs = self._pipeline.outputs(outputs)
+        outputs = self.robot_outputs(arrays["state"], np.asarray(actions[0]))
         if text is not None:
             tokens = np.asarray(text.tokens[0, : int(text.lengths[0])], np.int32)
             timing["text_ms"] = (time.monotonic() - start) * 1000
-            outputs["text"] = self._tokenizer.detokenize(tokens)
+            outputs["text"] = self.detokenize(tokens)
             outputs["text_tokens"] = tokens
         outputs["policy_timing"] = timing
         return outputs
 
-    def _text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
+    def robot_outputs(self, state: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
+        """Model actions [H, action_dim] -> the robot's outputs (unnormalized, robot action space)."""
+        # float32 state, as openpi hands the jax-converted model input state to the output transforms.
+        return self._pipeline.outputs({"state": np.asarray(state, np.float32), "actions": actions})
+
+    def detokenize(self, tokens: np.ndarray) -> str:
+        return self._tokenizer.detokenize(tokens)
+
+    @property
+    def top_p(self) -> float:
+        return self._top_p
+
+    def text_temperature(self, temperature: float | None) -> float:
+        """This call's sampling temperature (the policy's when None), checked."""
+        temperature = self._temperature if temperature is None else float(temperature)
+        if not temperature >= 0.0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+        return temperature
+
+    def text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
         """New tokens this call may generate (0: no text); the jitted buffer stays `self.max_text_tokens`."""
         if prompt_for_text is False:
             return 0
@@ -199,7 +212,8 @@ class Policy:
             raise ValueError("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
 
-    def _noise(self, noise: np.ndarray | None, seed: int) -> jax.Array:
+    def action_noise(self, noise: np.ndarray | None, seed: int) -> jax.Array:
+        """The given noise ([H, action_dim] or [1, H, action_dim]) checked, or a fresh draw from `seed`."""
         if noise is None:
             return self.engine.noise(jax.random.key(seed), 1)
         noise = np.asarray(noise)
@@ -207,26 +221,14 @@ class Policy:
         return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
 
 
-def _load(
-    cfg, model_config: pi05.Pi05Config, checkpoint_dir: str | None, params_dtype: str | None
-) -> tuple[dict, dict[str, normalization.NormStats] | None]:
-    """(params cast to `params_dtype`, norm stats); without a checkpoint random params, no normalization."""
-    if params_dtype is not None and params_dtype not in PARAMS_DTYPES:
-        raise ValueError(f"params_dtype must be one of {PARAMS_DTYPES} or None, got {params_dtype!r}")
-    dtype = None if params_dtype is None else jnp.dtype(params_dtype)
+def _norm_stats(cfg, checkpoint_dir: str | None) -> dict[str, normalization.NormStats] | None:
+    """The checkpoint's norm stats for the config's asset id; none (identity) without a checkpoint."""
     if checkpoint_dir is None:
-        logger.warning(
-            "no checkpoint: %s is random-initialized (seed %d) with identity normalization; its actions "
-            "and text are meaningless",
-            cfg.name,
-            cfg.seed,
-        )
-        params = pi05.init_params(model_config, jax.random.key(cfg.seed))
-        return (params if dtype is None else pi05.cast_params(params, dtype)), None
-    params = checkpoints.restore_params(checkpoint_dir, expected=pi05.param_shapes(model_config), dtype=dtype)
+        logger.warning("no checkpoint: identity normalization")
+        return None
     stats_file = checkpoints.norm_stats_path(checkpoint_dir, cfg.asset_id)
-    logger.info("restored params from %s (%s), norm stats from %s", checkpoint_dir, params_dtype, stats_file)
-    return params, normalization.load_norm_stats(stats_file)
+    logger.info("norm stats from %s", stats_file)
+    return normalization.load_norm_stats(stats_file)
 
 
 def create_policy(
@@ -256,7 +258,8 @@ def create_policy(
             f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
         )
     model_config = config.model_config(cfg)
-    params, norm_stats = _load(cfg, model_config, checkpoint_dir, params_dtype)
+    params = load_params(model_config, checkpoint_dir, seed=cfg.seed, dtype=params_dtype)
+    norm_stats = _norm_stats(cfg, checkpoint_dir)
     tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
     pipeline = robot.make_pipeline(
         norm_stats,

@@ -1,0 +1,280 @@
+"""Several robots served at once through the frame-loop session, with streamed language, and serve.py."""
+
+import contextlib
+import itertools
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import websockets.sync.client
+from conftest import GOLDEN
+from test_policy import E2E, TOKENIZER, make_policy, raw_observation
+
+from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.runtime.k_policy import FixedK
+from oxygen_jax.runtime.session import MultiRobotSession
+from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving.policy_backend import SessionServerBackend
+from oxygen_jax.serving.websocket_server import BackgroundServer
+
+# openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
+client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+
+pytestmark = [
+    pytest.mark.timeout(120),
+    # openpi-client's own use of websockets; not ours to fix.
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+N_CLIENTS = 3
+N_REQUESTS = 20
+N_NOISES = 4
+MAX_TEXT_TOKENS = 5
+PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate")
+SERVE = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "serve.py"
+
+
+def text_budget(client: int) -> int:
+    """Each client asks for its own text length, so text given to the wrong client shows (the tiny
+    model's greedy text repeats one token and never stops early: its length is the budget)."""
+    return 3 + client % (MAX_TEXT_TOKENS - 2)
+
+
+def client_observation(client: int) -> dict:
+    return raw_observation() | {"prompt": PROMPTS[client]}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def session(policy):
+    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4)
+    session.warmup(raw_observation())
+    return session
+
+
+@pytest.fixture(scope="module")
+def noises() -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((N_NOISES, 10, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def served(policy, session, noises):
+    """Every client's replies (noise index, reply) from one concurrent run, with its engine and compile
+    counts, and what `Policy.infer` answers each observation alone (computed while the server is idle)."""
+    actions = {
+        (client, which): policy.infer(client_observation(client), noise=noise, prompt_for_text=False)[
+            "actions"
+        ]
+        for client in range(N_CLIENTS)
+        for which, noise in enumerate(noises)
+    }
+    texts = {
+        client: policy.infer(client_observation(client), max_text_tokens=text_budget(client))
+        for client in range(N_CLIENTS)
+    }
+
+    def run_client(client: int, port: int) -> list[tuple[int, dict]]:
+        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        replies = []
+        for request in range(N_REQUESTS):
+            which = (client + request) % N_NOISES
+            obs = client_observation(client) | {
+                "noise": noises[which],
+                "max_text_tokens": text_budget(client),
+            }
+            replies.append((which, connection.infer(obs)))
+        return replies
+
+    prefills = policy.engine.stats.prefill_calls
+    with (
+        BackgroundServer(SessionServerBackend(session, gather_ms=20)) as server,
+        ThreadPoolExecutor(N_CLIENTS) as pool,
+        CompileCounter() as compiles,
+    ):
+        replies = list(pool.map(run_client, range(N_CLIENTS), [server.port] * N_CLIENTS))
+    return {
+        "replies": replies,
+        "actions": actions,
+        "texts": texts,
+        "prefill_calls": policy.engine.stats.prefill_calls - prefills,
+        "compiles": compiles.count,
+    }
+
+
+def language_requests(replies: list[tuple[int, dict]]) -> dict[int, list[dict]]:
+    """A client's replies grouped by the language request they report, in order."""
+    grouped: dict[int, list[dict]] = {}
+    for _, reply in replies:
+        grouped.setdefault(reply["text_request_id"], []).append(reply)
+    return grouped
+
+
+def test_no_request_lost_or_mixed(served):
+    assert [len(replies) for replies in served["replies"]] == [N_REQUESTS] * N_CLIENTS
+    for client, replies in enumerate(served["replies"]):
+        for which, reply in replies:
+            np.testing.assert_allclose(reply["actions"], served["actions"][client, which], atol=1e-5, rtol=0)
+
+
+def test_observations_of_a_frame_are_prefilled_together_without_compiling(served):
+    assert 0 < served["prefill_calls"] < N_CLIENTS * N_REQUESTS
+    assert served["compiles"] == 0
+
+
+def test_text_streams_across_a_clients_requests(served):
+    owners: dict[int, int] = {}
+    for client, replies in enumerate(served["replies"]):
+        grouped = language_requests(replies)
+        assert len(grouped) >= 2  # a finished request is followed by a new one
+        for request_id, reports in grouped.items():
+            assert owners.setdefault(request_id, client) == client
+            lengths = [len(report["text_tokens"]) for report in reports]
+            assert lengths == sorted(lengths) and lengths[0] < text_budget(client)
+            for earlier, later in itertools.pairwise(reports):
+                np.testing.assert_array_equal(
+                    later["text_tokens"][: len(earlier["text_tokens"])], earlier["text_tokens"]
+                )
+            assert [report["text_done"] for report in reports[:-1]] == [False] * (len(reports) - 1)
+        done = [reports[-1] for reports in grouped.values() if reports[-1]["text_done"]]
+        assert len(done) >= len(grouped) - 1  # only the last may still be running
+
+
+def test_finished_text_equals_the_observation_decoded_alone(served):
+    for client, replies in enumerate(served["replies"]):
+        alone = served["texts"][client]
+        finished = [
+            reports[-1] for reports in language_requests(replies).values() if reports[-1]["text_done"]
+        ]
+        assert finished
+        for reply in finished:
+            np.testing.assert_array_equal(reply["text_tokens"], alone["text_tokens"])
+            assert reply["text"] == alone["text"]
+
+
+def test_a_client_that_leaves_frees_its_language_slot(policy):
+    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4)
+    session.warmup(raw_observation())
+    manager = session._scheduler.manager
+    with BackgroundServer(SessionServerBackend(session)) as server:
+        with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as leaver:
+            leaver.recv()  # Metadata.
+            leaver.send(msgpack_numpy.packb(client_observation(0) | {"max_text_tokens": MAX_TEXT_TOKENS}))
+            assert msgpack_numpy.unpackb(leaver.recv(timeout=30))["text_done"] is False
+        assert manager.active == 1
+        stayer = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+        assert stayer.infer(client_observation(1))["text_done"] is False
+        assert manager.active == 1  # the leaver's request was cancelled before the stayer's frame
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serve_script(log_dir: pathlib.Path, *flags: str) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`scripts/serve.py` on the golden checkpoint in a subprocess, until it answers /healthz."""
+    port = free_port()
+    command = [
+        sys.executable,
+        str(SERVE),
+        "--env=libero",
+        "--config=pi05_tiny",
+        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
+        f"--tokenizer_path={TOKENIZER}",
+        f"--port={port}",
+        *flags,
+    ]
+    # The servers share compiled programs, so only the first one pays for compiling the prefill.
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(log_dir.parent / "jax_cache")}
+    log = log_dir / f"serve_{port}.log"
+    with log.open("w") as stderr:
+        process = subprocess.Popen(command, stdout=stderr, stderr=stderr, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
+                break
+            except OSError:
+                assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.1)
+        yield process, port
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def golden_server(tmp_path_factory):
+    with serve_script(
+        tmp_path_factory.mktemp("serve"), "--config.model.discrete_state_input=False"
+    ) as running:
+        yield running
+
+
+def golden_observation() -> dict:
+    return raw_observation() | {"noise": E2E["in/noise"]}
+
+
+def test_serve_script_answers_like_openpi(golden_server):
+    _, port = golden_server
+    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    assert client.get_server_metadata()["action_horizon"] == 10
+    reply = client.infer(golden_observation())
+    np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
+
+
+def test_serve_script_names_a_malformed_request_while_another_client_continues(golden_server):
+    _, port = golden_server
+    results: list[np.ndarray] = []
+
+    def bystander() -> None:
+        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        results.extend(client.infer(golden_observation())["actions"] for _ in range(5))
+
+    thread = threading.Thread(target=bystander)
+    thread.start()
+    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    malformed = {key: value for key, value in golden_observation().items() if key != "observation/state"}
+    with pytest.raises(RuntimeError, match=r"Bad request: .*observation/state"):
+        client.infer(malformed)
+    np.testing.assert_allclose(
+        client.infer(golden_observation())["actions"], E2E["out/dsi0/actions"], atol=1e-4
+    )
+    thread.join(timeout=60)
+    assert len(results) == 5
+    for actions in results:
+        np.testing.assert_allclose(actions, E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
+
+
+def test_serve_script_exits_cleanly_on_sigterm(golden_server):
+    process, _ = golden_server
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+
+
+def test_serve_script_takes_config_overrides(tmp_path_factory):
+    flags = ("--config.model.discrete_state_input=False", "--config.model.action_horizon=16")
+    with serve_script(tmp_path_factory.mktemp("serve"), *flags) as (process, port):
+        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        assert client.get_server_metadata()["action_horizon"] == 16
+        assert client.infer(raw_observation())["actions"].shape == (16, 7)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
