@@ -1,6 +1,6 @@
 """Draws the frame timeline of isolated vs oxygen from recorded benchmark runs (docs/img/frame_timeline.png).
 
-  python scripts/plot_frame_timeline.py --runs=benchmarks/results/cpu-2core/runs --out=docs/img/frame_timeline.png
+  python scripts/plot_frame_timeline.py --runs=benchmarks/results/cpu-2core/runs
 
 Each row repeats one mode's mean frame: the action path (prefill + denoise, ends when the chunk is emitted)
 then the language work that mode does in the frame (isolated: a second prefill and the whole answer;
