@@ -1,0 +1,123 @@
+"""Benchmarks: oxygen against its baselines (modes of the same engine), each run in its own processes.
+
+  python scripts/benchmark.py --quick                      # LIBERO ablation point on pi05_cpu, < 5 min
+  python scripts/benchmark.py --sweeps=ablation,skip,n_k --frames=20
+  python scripts/benchmark.py --config=pi05 --sweeps=ablation --out=DIR   # full size (GPU, bf16)
+  python scripts/benchmark.py --full_forward               # full-size pi05 action chunk, f32 on CPU
+  python scripts/benchmark.py --report_only --out=DIR      # tables and plots from DIR/runs/*.json
+
+Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
+DIR defaults to benchmarks/results/<machine>.
+"""
+
+import json
+import os
+import pathlib
+
+import tqdm
+from absl import app, flags
+
+from oxygen_jax import cli, config
+from oxygen_jax.benchmarks import plots, report, runner, spec, sweeps
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+_CONFIG = cli.define_config_flag("pi05_cpu")
+_QUICK = flags.DEFINE_bool(
+    "quick", False, "Only the LIBERO ablation point (isolated, shared_kv, oxygen, action_only)."
+)
+_SWEEPS = flags.DEFINE_list("sweeps", ["ablation"], f"Sweeps to run, of {', '.join(sweeps.SWEEPS)}.")
+_FRAMES = flags.DEFINE_integer("frames", 20, "Measured frames per run (after warm-up and fill frames).")
+_N = flags.DEFINE_list("N", ["5", "10", "15", "20", "30"], "Max new tokens of the n_k sweep.")
+_K = flags.DEFINE_list("k", ["1", "5", "10"], "Decode steps per frame of the n_k sweep.")
+_STEPS = flags.DEFINE_list("steps", ["5", "10", "15", "20"], "Denoising steps of the steps sweep.")
+_DEADLINES = flags.DEFINE_list(
+    "deadline_fractions", ["0.5", "0.7", "0.9"], "Deadline-k targets (x action-only Hz)."
+)
+_OUT = flags.DEFINE_string("out", None, "Results folder (benchmarks/results/<machine> when absent).")
+_CACHE = flags.DEFINE_string(
+    "jax_cache_dir",
+    str(pathlib.Path.home() / ".cache" / "oxygen_jax" / "xla"),
+    "Persistent XLA cache ('' off).",
+)
+_FULL_FORWARD = flags.DEFINE_bool(
+    "full_forward", False, "Time one full-size pi05 action chunk (random init)."
+)
+_SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "Keep runs already recorded in --out (resume).")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")
+
+
+def _machine(info: dict) -> str:
+    if info["backend"] == "cpu":
+        return f"cpu-{os.cpu_count()}core"
+    return "gpu-" + info["device_kind"].replace(" ", "_")
+
+
+def _out_dir(info: dict) -> pathlib.Path:
+    out = pathlib.Path(_OUT.value) if _OUT.value else ROOT / "benchmarks" / "results" / _machine(info)
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def _write_json(path: pathlib.Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _full_forward(cache_dir: str | None) -> None:
+    cfg = config.load_config("pi05")
+    result = runner.run_task(cfg, spec.RunSpec("action_only"), "full_forward", cache_dir)
+    _write_json(_out_dir(result) / "full_forward.json", result)
+    print(json.dumps(result, indent=1))
+
+
+def _report(out: pathlib.Path) -> None:
+    roof = json.loads((out / "roofline.json").read_text())
+    runs = report.load_runs(out, roof["config"])
+    quick = report.quick_summary(runs, roof)
+    _write_json(out / "quick.json", quick)
+    (out / "results.md").write_text(report.markdown(runs, roof, quick))
+    for path in plots.write_all(runs, roof, out):
+        print(f"wrote {path}")
+    print(json.dumps({k: v for k, v in quick.items() if k != "memory"}, indent=1))
+
+
+def main(_):
+    if _REPORT_ONLY.value:
+        if not _OUT.value:
+            cli.fail("--report_only needs --out")
+        _report(pathlib.Path(_OUT.value))
+        return
+    cache_dir = _CACHE.value or None
+    if _FULL_FORWARD.value:
+        _full_forward(cache_dir)
+        return
+    cfg = _CONFIG.value
+    print(f"{cfg.name}: roofline and phase times...")
+    roof = runner.run_task(cfg, spec.RunSpec("oxygen"), "roofline", cache_dir)
+    out = _out_dir(roof)
+    _write_json(out / "roofline.json", roof)
+    if _QUICK.value:
+        specs = sweeps.quick(_FRAMES.value)
+    else:
+        grid = sweeps.SweepGrid(
+            frames=_FRAMES.value,
+            max_new=tuple(int(n) for n in _N.value),
+            k=tuple(int(k) for k in _K.value),
+            num_steps=tuple(int(s) for s in _STEPS.value),
+            deadline_fractions=tuple(float(f) for f in _DEADLINES.value),
+        )
+        specs = sweeps.build(_SWEEPS.value, grid, 1e3 / roof["cost_model"]["action_only_frame_ms"])
+    path = {s: out / "runs" / f"{cfg.name}_{s.name}.json" for s in specs}
+    if _SKIP_EXISTING.value:
+        specs = [s for s in specs if not path[s].exists()]
+    progress = tqdm.tqdm(specs, desc="runs", unit="run")
+    for run_spec in progress:
+        progress.set_description(run_spec.name)
+        record = runner.run(cfg, run_spec, cache_dir)
+        _write_json(path[run_spec], record)
+        progress.set_postfix({"Hz": f"{record['action_hz']:.2f}", "tok/s": f"{record['tokens_per_s']:.1f}"})
+    _report(out)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

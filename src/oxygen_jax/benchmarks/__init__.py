@@ -1,0 +1,5 @@
+"""Benchmarks: every baseline is a mode of the one engine, each run measured in its own processes.
+
+spec (what one run is) -> runner (spawns worker processes, drives frames, aggregates) -> report/plots;
+roofline places each phase against the machine's compute and bandwidth floors.
+"""

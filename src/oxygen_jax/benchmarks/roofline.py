@@ -1,0 +1,188 @@
+"""Roofline: each phase's measured time against its compute- or bandwidth-bound floor on this machine.
+
+FLOPs and bytes are counted from the model config (matmul weights touched per token, attention over
+the columns actually computed, weights and KV read once per call). The machine's matmul throughput and
+memory bandwidth are measured in the same process. The cost model turns the measured phase times into
+the frame time of each mode, and so into a bound on oxygen's speedup over isolated.
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from oxygen_jax.benchmarks.spec import RunSpec, observation
+from oxygen_jax.engine.engine import Engine
+from oxygen_jax.models import inputs, siglip
+from oxygen_jax.models.pi05 import Pi05Config
+
+
+def _best_s(fn, reps: int = 7) -> float:
+    """Fastest of `reps` calls after a warm one: on a shared machine, the least disturbed repeat."""
+    jax.block_until_ready(fn())
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def machine(dtype: str) -> dict[str, float]:
+    """Best matmul FLOP/s in the compute dtype and best memory bandwidth (read-only and copy kernels)."""
+    cpu = jax.default_backend() == "cpu"
+    n, size = (2048, 2**26) if cpu else (8192, 2**29)
+    a = jnp.ones((n, n), dtype)
+    matmul = jax.jit(jnp.dot)
+    matmul_s = _best_s(lambda: matmul(a, a))
+    x = jnp.ones(size, jnp.float32)
+    read, copy = jax.jit(jnp.sum), jax.jit(lambda x: x * 2)
+    read_s = _best_s(lambda: read(x))
+    copy_s = _best_s(lambda: copy(x))
+    return {
+        "matmul_flops_per_s": 2 * n**3 / matmul_s,
+        "bandwidth_bytes_per_s": max(x.nbytes / read_s, 2 * x.nbytes / copy_s),
+        "matmul_n": n,
+        "bandwidth_array_bytes": x.nbytes,
+    }
+
+
+def weight_counts(params: dict) -> dict[str, int]:
+    """Matmul weights per group: vision, backbone layers (expert 0), action expert, embedding table."""
+    counts = {"vision": 0, "backbone": 0, "action_expert": 0, "embedding": 0}
+    for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        if "norm" in name or name.endswith(("bias", "pos_embedding", "scale")):
+            continue
+        if name.startswith("PaliGemma/img"):
+            counts["vision"] += x.size
+        elif name.startswith("PaliGemma/llm/embedder"):
+            counts["embedding"] += x.size
+        elif name.startswith("PaliGemma/llm/layers"):
+            counts["action_expert" if "_1" in name else "backbone"] += x.size
+        else:  # action in/out projections and the time MLP
+            counts["action_expert"] += x.size
+    return counts
+
+
+def phase_costs(
+    config: Pi05Config,
+    weights: dict[str, int],
+    cameras: int,
+    num_steps: int,
+    batches: tuple[int, ...],
+    max_new: int,
+) -> dict[str, tuple[float, float]]:
+    """(FLOPs, bytes) per phase. `cameras`: cameras the prefill computes; decode attends the batch state's
+    columns (every camera slot reserved, plus max_new)."""
+    item = jnp.dtype(config.dtype).itemsize
+    g, e, v = config.paligemma, config.action_expert, config.vision
+    kv_col = 2 * g.depth * g.num_kv_heads * g.head_dim * item  # K and V bytes of one cache column
+    image_tokens = config.image_tokens
+    vision_flops = cameras * (2 * image_tokens * weights["vision"] + 4 * image_tokens**2 * v.width * v.depth)
+    vision_bytes = weights["vision"] * item
+    prefix = cameras * image_tokens + config.max_token_len
+    attn_width = g.num_heads * g.head_dim
+    prefill_flops = vision_flops + 2 * prefix * weights["backbone"] + 4 * prefix**2 * attn_width * g.depth
+    horizon = config.action_horizon
+    step_flops = (
+        2 * horizon * weights["action_expert"] + 4 * horizon * (prefix + horizon) * attn_width * e.depth
+    )
+    costs = {
+        "vision": (vision_flops, vision_bytes),
+        "prefill": (prefill_flops, vision_bytes + weights["backbone"] * item + prefix * kv_col),
+        "denoise": (num_steps * step_flops, num_steps * (weights["action_expert"] * item + prefix * kv_col)),
+    }
+    columns = config.prefix_len + max_new
+    decoder = weights["backbone"] + weights["embedding"]
+    for b in batches:
+        flops = b * (2 * decoder + 4 * columns * attn_width * g.depth)
+        costs[f"decode_step_b{b}"] = (flops, decoder * item + b * columns * kv_col)
+    return costs
+
+
+def _decode_step_s(engine: Engine, cache, batch: int, max_new: int, steps: int = 16) -> float:
+    """Seconds per token step of decode(k=steps) on a batch state of `batch` full slots."""
+    state = engine.init_state(batch, max_new)
+    rows = engine.select_rows(cache, np.zeros(batch, np.int32))
+    zeros, ones = np.zeros(batch, np.float32), np.ones(batch, np.float32)
+    holder = [
+        engine.insert(state, rows, np.arange(batch), np.full(batch, max_new), zeros, ones, np.arange(batch))
+    ]
+
+    def call():
+        holder[0] = engine.decode(holder[0], steps)
+        return holder[0].done
+
+    return _best_s(call) / steps
+
+
+def measure(engine: Engine, spec: RunSpec) -> dict:
+    """Machine peaks, per-phase times vs floors, and the cost model of the spec's setting (rate 1)."""
+    config = engine.config
+    arrays = observation(config, spec.layout, 0)
+    obs = inputs.observation_from_arrays(arrays, config)
+    cams = [c for c in config.image_keys if c not in engine.masked_cameras(obs)]
+    encoder = siglip.Siglip(config.vision, config.paligemma.width, config.dtype)
+    vision = jax.jit(lambda p, images: [encoder.apply({"params": p}, img) for img in images])
+    images = [obs.images[c] for c in cams]
+    cache = engine.prefill(obs)
+    noise = engine.noise(jax.random.key(0), 1)
+    batches = tuple(sorted({1, 4, spec.slots}))
+    seconds = {
+        "vision": _best_s(lambda: vision(engine.params["PaliGemma"]["img"], images)),
+        "prefill": _best_s(lambda: engine.prefill(obs)),
+        "denoise": _best_s(lambda: engine.denoise(cache, noise, spec.num_steps)),
+        **{f"decode_step_b{b}": _decode_step_s(engine, cache, b, spec.max_new) for b in batches},
+        "generate_b1": _best_s(lambda: engine.generate(cache, spec.max_new).tokens, 3),
+        "decode_k_b1": spec.k * _decode_step_s(engine, cache, 1, spec.max_new, spec.k),
+        "decode_k_slots": spec.k * _decode_step_s(engine, cache, spec.slots, spec.max_new, spec.k),
+    }
+    peaks = machine(config.dtype)
+    costs = phase_costs(
+        config, weight_counts(engine.params), len(cams), spec.num_steps, batches, spec.max_new
+    )
+    phases = []
+    for name, (flops, nbytes) in costs.items():
+        compute_s = flops / peaks["matmul_flops_per_s"]
+        memory_s = nbytes / peaks["bandwidth_bytes_per_s"]
+        floor_s = max(compute_s, memory_s)
+        phases.append(
+            {
+                "phase": name,
+                "ms": seconds[name] * 1e3,
+                "flops": flops,
+                "bytes": nbytes,
+                "floor_ms": floor_s * 1e3,
+                "bound": "compute" if compute_s >= memory_s else "bandwidth",
+                "x_floor": seconds[name] / floor_s,
+            }
+        )
+    return {
+        "machine": peaks,
+        "phases": phases,
+        "phase_ms": {k: s * 1e3 for k, s in seconds.items()},
+        "cost_model": cost_model(seconds, spec),
+    }
+
+
+def cost_model(seconds: dict[str, float], spec: RunSpec) -> dict[str, float]:
+    """Frame times of each mode at one request per frame, from measured phases.
+
+    isolated = 2 prefill + denoise + generate(N); shared_kv = one prefill less; oxygen = prefill +
+    denoise + decode(k) on the batch state's slots; perfect batching = the same at the cost of one slot.
+    """
+    act = seconds["prefill"] + seconds["denoise"]
+    frame = {
+        "action_only": act,
+        "isolated": act + seconds["prefill"] + seconds["generate_b1"],
+        "shared_kv": act + seconds["generate_b1"],
+        "oxygen": act + seconds["decode_k_slots"],
+        "batching_upper_bound": act + seconds["decode_k_b1"],
+    }
+    out = {f"{mode}_frame_ms": s * 1e3 for mode, s in frame.items()}
+    out["speedup_bound"] = frame["isolated"] / frame["oxygen"]
+    out["batching_upper_bound_speedup"] = frame["isolated"] / frame["batching_upper_bound"]
+    out["oxygen_hz_fraction_of_action_only"] = frame["action_only"] / frame["oxygen"]
+    return out

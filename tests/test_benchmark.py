@@ -1,0 +1,116 @@
+"""scripts/benchmark.py on pi05_tiny: every mode runs in its own processes and the outputs are complete.
+
+Timings on a shared CI machine mean nothing here; the tests check what the benchmark records, not speed.
+"""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from oxygen_jax.benchmarks import spec, sweeps
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RUN_FIELDS = (
+    "frame_ms_mean",
+    "frame_ms_p50",
+    "frame_ms_p99",
+    "action_hz",
+    "tokens_per_s",
+    "avg_batch",
+    "peak_memory_bytes",
+    "live_bytes_peak",
+    "compiles_after_warmup",
+    "processes",
+    "spec",
+)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "benchmark.py"),
+        "--config=pi05_tiny",
+        "--sweeps=ablation,n_k",
+        "--N=5",
+        "--k=5",
+        "--frames=2",
+        f"--out={out}",
+        f"--jax_cache_dir={out / 'xla'}",
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return out
+
+
+def _runs(out: pathlib.Path) -> dict[str, dict]:
+    return {p.stem: json.loads(p.read_text()) for p in (out / "runs").glob("*.json")}
+
+
+def test_every_mode_runs_with_documented_fields(results):
+    runs = _runs(results)
+    ablation = {
+        r["spec"]["mode"] + ("_deadline" if r["spec"]["target_hz"] else ""): r
+        for r in runs.values()
+        if r["spec"]["sweep"] == "ablation"
+    }
+    assert set(ablation) == {*spec.MODES, "oxygen_deadline"}
+    for record in runs.values():
+        assert set(RUN_FIELDS) <= record.keys(), record["name"]
+        assert record["compiles_after_warmup"] == 0, record["name"]
+        assert record["frames"] == 2 and record["action_hz"] > 0
+    assert ablation["parallel"]["processes"] == 2
+    assert all(r["processes"] == 1 for m, r in ablation.items() if m != "parallel")
+    # Same requests in every mode; in-frame modes finish each frame's request inside the frame.
+    for mode in ("isolated", "parallel", "shared_kv"):
+        assert ablation[mode]["requests_completed"] == 2
+        assert ablation[mode]["tokens"] == 2 * 30
+    assert ablation["oxygen"]["tokens"] > 0 and ablation["action_only"]["tokens"] == 0
+    assert ablation["oxygen"]["state_bytes"] > 0 and ablation["oxygen"]["slots"] == 6
+
+
+def test_quick_json_schema(results):
+    quick = json.loads((results / "quick.json").read_text())
+    assert set(sweeps.QUICK_MODES) <= quick["modes"].keys()
+    for figures in quick["modes"].values():
+        assert {"frame_ms_mean", "action_hz", "tokens_per_s"} <= figures.keys()
+    assert quick["speedup_vs_isolated"] > 0 and quick["speedup_bound"] > 0
+    assert quick["targets"]["compiles_after_warmup"] == {"value": 0, "target": 0, "met": True}
+    assert quick["memory"]["state_bytes"] > 0
+
+
+def test_roofline_and_report(results):
+    roof = json.loads((results / "roofline.json").read_text())
+    assert roof["machine"]["matmul_flops_per_s"] > 0 and roof["machine"]["bandwidth_bytes_per_s"] > 0
+    phases = {p["phase"] for p in roof["phases"]}
+    assert {"vision", "prefill", "denoise", "decode_step_b1", "decode_step_b4"} <= phases
+    assert all(p["floor_ms"] > 0 and p["bound"] in ("compute", "bandwidth") for p in roof["phases"])
+    assert "| ablation | oxygen |" in (results / "results.md").read_text()
+    for plot in ("ablation", "speedup_vs_n_k", "tradeoff", "roofline"):
+        assert (results / f"{plot}.png").stat().st_size > 0
+
+
+def test_quick_is_the_libero_ablation_point():
+    specs = sweeps.quick(frames=20)
+    assert [s.mode for s in specs] == list(sweeps.QUICK_MODES)
+    for s in specs:
+        assert (s.layout, s.num_steps, s.max_new, s.k, s.arrivals, s.rate) == (
+            "libero",
+            10,
+            30,
+            5,
+            "uniform",
+            1.0,
+        )
+        assert s.skip_masked_cameras and s.target_hz is None
+
+
+def test_every_mode_sees_the_same_requests():
+    load = {"arrivals": "random_length", "rate": 2.0, "lengths": (5, 20), "long_fraction": 0.3}
+    schedules = [spec.RunSpec(mode, **load).schedule() for mode in spec.MODES]
+    assert all(s == schedules[0] for s in schedules)
+    assert {n for frame in schedules[0] for n in frame} == {5, 20}
