@@ -10,7 +10,9 @@ from oxygen_jax.policies.policy import create_policy
 
 pytestmark = pytest.mark.timeout(60)
 
-E2E = np.load(GOLDEN / "policy_e2e.npz")
+# Read once into memory: an NpzFile parses headers lazily and is not safe across the tests' client threads.
+with np.load(GOLDEN / "policy_e2e.npz") as _npz:
+    E2E = dict(_npz)
 DESCRIPTION = json.loads((GOLDEN / "policy_e2e.json").read_text())
 TOKENIZER = str(GOLDEN / "tokenizer" / "tiny_paligemma_standin.model")
 VARIANTS = {"dsi0": False, "dsi1": True}
@@ -33,7 +35,7 @@ def make_policy(tag: str, params_dtype: str = "bfloat16", max_text_tokens: int =
 
 def raw_observation() -> dict:
     """The golden raw LIBERO observation, unbatched, as a robot sends it."""
-    return {key.removeprefix("in/"): E2E[key] for key in E2E.files if key.startswith("in/observation/")} | {
+    return {key.removeprefix("in/"): E2E[key] for key in E2E if key.startswith("in/observation/")} | {
         "prompt": str(E2E["in/prompt"])
     }
 
@@ -52,7 +54,7 @@ def policies():
 def test_model_inputs_equal_openpi(policies, tag):
     ours = policies[tag, "bfloat16"].model_inputs(raw_observation())
     prefix = f"model_input/{tag}/"
-    golden = {key.removeprefix(prefix): E2E[key] for key in E2E.files if key.startswith(prefix)}
+    golden = {key.removeprefix(prefix): E2E[key] for key in E2E if key.startswith(prefix)}
     assert ours.keys() == golden.keys()
     for key, want in golden.items():
         np.testing.assert_array_equal(ours[key], want, err_msg=key)
