@@ -72,11 +72,12 @@ def main(_):
         _ARRIVALS.value, _RATE.value, lengths, _LONG_FRACTION.value, _SEED.value
     )
 
-    print(
-        f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}, {manager.max_slots} slots x "
-        f"{max_new} tokens, state {manager.state_bytes / 2**20:.1f} MiB; warming up..."
-    )
+    print(f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}; warming up...")
     scheduler.warmup(next(stream))
+    print(
+        f"{manager.max_slots} slots x {max_new} tokens on {manager.prefix_len}-column prefixes: "
+        f"batch state {manager.state_bytes / 2**20:.1f} MiB"
+    )
     stats, texts, arrived = metrics.RunStats(), [], 0
     counter = CompileCounter().__enter__()
     progress = tqdm.tqdm(itertools.count(), desc="frames", unit="frame", total=_FRAMES.value)

@@ -205,3 +205,18 @@ def test_deadline_k_fills_the_frame_budget():
     slow = dataclasses.replace(policy, target_hz=200)
     slow.observe_frame(action_s=0.010, decode_s=0.003, k=1, other_s=0.0)
     assert slow.choose() == 1  # the action path alone overruns: language still moves one token
+
+
+def test_warmup_sizes_the_state_to_the_robots_prefix(engine, variants):
+    """Row 1 of the golden batch masks a camera: its robot's state needs 256 prefix columns fewer."""
+    manager = KVCacheManager(engine, 2, MAX_NEW)
+    scheduler = FrameScheduler(engine, manager, FixedK(2), max_prefill_batch=1)
+    full_bytes = manager.state_bytes
+    scheduler.warmup(variants[1])
+    assert manager.prefix_len == engine.config.prefix_len - engine.config.image_tokens
+    assert manager.state.kv_valid.shape == (2, manager.prefix_len + MAX_NEW)
+    assert manager.state_bytes < full_bytes
+    result = scheduler.step([FrameInput(variants[1], requests=[TextRequest(0, MAX_NEW)])])
+    assert result.actions and manager.active == 1
+    with pytest.raises(ValueError, match="does not fit the batch state"):  # all three cameras: too wide
+        scheduler.step([FrameInput(variants[0], requests=[TextRequest(1, MAX_NEW)])])

@@ -49,10 +49,13 @@ class BatchState:
         return self.tokens.shape[1]
 
 
-def init_state(config: pi05.Pi05Config, max_slots: int, max_new_tokens: int) -> BatchState:
-    """An empty state for `max_slots` requests of up to `max_new_tokens` tokens each."""
+def init_state(
+    config: pi05.Pi05Config, max_slots: int, max_new_tokens: int, prefix_len: int | None = None
+) -> BatchState:
+    """An empty state for `max_slots` requests of up to `max_new_tokens` tokens each, on prefixes of up
+    to `prefix_len` columns (default: every camera slot + the prompt)."""
     g = config.paligemma
-    columns = config.prefix_len + max_new_tokens
+    columns = (prefix_len or config.prefix_len) + max_new_tokens
     s = max_slots
     kv_shape = (g.depth, s, columns, g.num_kv_heads, g.head_dim)
     return BatchState(

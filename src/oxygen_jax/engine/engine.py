@@ -88,8 +88,14 @@ class Engine:
         return self.denoise(cache, noise, num_steps), self.generate(cache, max_new_tokens, **text_kwargs)
 
     # --- continuous batching ---
-    def init_state(self, max_slots: int, max_new_tokens: int) -> batch_state.BatchState:
-        return batch_state.init_state(self.config, max_slots, max_new_tokens)
+    def init_state(
+        self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None
+    ) -> batch_state.BatchState:
+        return batch_state.init_state(self.config, max_slots, max_new_tokens, prefix_len)
+
+    def prefix_len(self, obs: pi05.Observation) -> int:
+        """Columns `prefill(obs)` produces: skipped cameras leave theirs out."""
+        return self.config.prefix_len - self.config.image_tokens * len(self.masked_cameras(obs))
 
     def insert(
         self,

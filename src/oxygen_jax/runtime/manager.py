@@ -45,6 +45,7 @@ class KVCacheManager:
         self.max_slots = max_slots
         self.max_new_tokens = max_new_tokens
         self.detokenize = detokenize or (lambda ids: " ".join(map(str, ids)))
+        self.prefix_len = engine.config.prefix_len
         self.state: BatchState = engine.init_state(max_slots, max_new_tokens)
         self._slot_request: list[TextRequest | None] = [None] * max_slots
         self._free = collections.deque(range(max_slots))
@@ -69,8 +70,25 @@ class KVCacheManager:
     def status(self, request_id: int) -> RequestStatus:
         return self._status.get(request_id, RequestStatus.UNKNOWN)
 
+    def fit_prefix(self, prefix_len: int) -> None:
+        """Re-sizes the (empty) state for prefixes of at most `prefix_len` columns.
+
+        A robot whose observations always mask a camera prefills 256 columns fewer per masked camera;
+        a state sized to that prefix is smaller and every decode step attends fewer columns.
+        """
+        if self.active or self.queued:
+            raise RuntimeError("fit_prefix needs an empty manager")
+        if prefix_len != self.prefix_len:
+            self.prefix_len = prefix_len
+            self.state = self.engine.init_state(self.max_slots, self.max_new_tokens, prefix_len)
+
     def submit(self, request: TextRequest, cache: PrefixCache, row: int, frame: int) -> None:
         """Queues a request on row `row` of a frame's prefix cache; `admit` moves it into a slot."""
+        if cache.mask.shape[1] > self.prefix_len:
+            raise ValueError(
+                f"a prefix of {cache.mask.shape[1]} columns does not fit the batch state's {self.prefix_len} "
+                "(it was sized for observations with fewer cameras; see KVCacheManager.fit_prefix)"
+            )
         if not 1 <= request.max_new_tokens <= self.max_new_tokens:
             raise ValueError(
                 f"max_new_tokens must lie in [1, {self.max_new_tokens}], got {request.max_new_tokens}"

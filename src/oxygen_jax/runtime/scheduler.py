@@ -114,8 +114,12 @@ class FrameScheduler:
         return self._rng.standard_normal(shape, dtype=np.float32)
 
     def warmup(self, example: dict[str, np.ndarray]) -> None:
-        """Compiles every shape steady state can meet (each prefill bucket, each insert bucket, decode,
-        evict), then leaves the manager empty. `example`: one observation's arrays (batch dim 1)."""
+        """Sizes the batch state to the example's prefix (its masked cameras are left out, as in every
+        frame of that robot), compiles every shape steady state can meet (each prefill bucket, each
+        insert bucket, decode, evict) and leaves the manager empty. `example`: one observation's arrays
+        (batch dim 1)."""
+        obs = inputs.observation_from_arrays(example, self.engine.config)
+        self.manager.fit_prefix(self.engine.prefix_len(obs))
         sizes = sorted({bucket(n, self.max_prefill_batch) for n in range(1, self.max_prefill_batch + 1)})
         slots = self.manager.max_slots
         saved_policy, self.k_policy = self.k_policy, FixedK(1)
