@@ -8,6 +8,7 @@ import collections
 import dataclasses
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 from oxygen_jax.engine.batch_state import BatchState, state_bytes
@@ -149,10 +150,10 @@ class KVCacheManager:
         """Streams new tokens, finishes done slots (detokenize, callbacks) and evicts them."""
         if not self.active:
             return []
-        done = np.asarray(self.state.done)
-        n_generated = np.asarray(self.state.n_generated)
-        tokens = np.asarray(self.state.tokens)
-        logprobs = np.asarray(self.state.logprobs)
+        # One device-to-host transfer per frame for everything harvesting reads.
+        done, n_generated, tokens, logprobs = jax.device_get(
+            (self.state.done, self.state.n_generated, self.state.tokens, self.state.logprobs)
+        )
         finished, free_slots = [], []
         for slot, request in enumerate(self._slot_request):
             if request is None:
