@@ -19,13 +19,14 @@ from oxygen_jax.models import pi05
 
 @flax.struct.dataclass
 class BatchState:
-    """k, v: [depth, S, C, K, H]; kv_valid: [S, C]; hidden: [S, D] (last hidden, next token's source);
-    next_pos / write_idx: [S] RoPE position and cache column of the next fed token; tokens / logprobs:
-    [S, N] output buffer (log-probability under the temperature-1 softmax); n_generated, max_new: [S];
-    done, active: [S]; keys: [S] PRNG keys; temperature, top_p: [S]."""
+    """k, v: per layer [S, C, K, H] (one buffer a layer, updated in place); kv_valid: [S, C]; hidden:
+    [S, D] (last hidden, next token's source); next_pos / write_idx: [S] RoPE position and cache column
+    of the next fed token; tokens / logprobs: [S, N] output buffer (log-probability under the
+    temperature-1 softmax); n_generated, max_new: [S]; done, active: [S]; keys: [S] PRNG keys;
+    temperature, top_p: [S]."""
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
     kv_valid: jax.Array
     hidden: jax.Array
     next_pos: jax.Array
@@ -57,10 +58,10 @@ def init_state(
     g = config.paligemma
     columns = (prefix_len or config.prefix_len) + max_new_tokens
     s = max_slots
-    kv_shape = (g.depth, s, columns, g.num_kv_heads, g.head_dim)
+    kv_shape = (s, columns, g.num_kv_heads, g.head_dim)
     return BatchState(
-        k=jnp.zeros(kv_shape, config.dtype),
-        v=jnp.zeros(kv_shape, config.dtype),
+        k=tuple(jnp.zeros(kv_shape, config.dtype) for _ in range(g.depth)),
+        v=tuple(jnp.zeros(kv_shape, config.dtype) for _ in range(g.depth)),
         kv_valid=jnp.zeros((s, columns), bool),
         hidden=jnp.zeros((s, g.width), config.dtype),
         next_pos=jnp.zeros(s, jnp.int32),
@@ -102,8 +103,10 @@ def insert(
     def put(buf, value):
         return buf.at[slots].set(value, **drop)
 
-    def put_prefix(buf, value):  # [depth, S, C, K, H] <- [depth, B, P, K, H]
-        return buf.at[:, slots, :prefix_len].set(value.astype(buf.dtype), **drop)
+    def put_prefix(bufs, value):  # per layer [S, C, K, H] <- [depth, B, P, K, H]
+        return tuple(
+            b.at[slots, :prefix_len].set(x.astype(b.dtype), **drop) for b, x in zip(bufs, value, strict=True)
+        )
 
     valid = jnp.zeros((slots.shape[0], state.kv_valid.shape[1]), bool).at[:, :prefix_len].set(cache.mask)
     return state.replace(
@@ -159,14 +162,16 @@ def _decode_step(params: dict, config: pi05.Pi05Config, eos_id: int, state: Batc
     finished = live & ((token == eos_id) | (n_generated >= state.max_new))
     feed = live & ~finished
 
-    hidden, (k_new, v_new) = pi05.text_forward(
-        params, config, token[:, None], state.next_pos[:, None], (state.k, state.v), state.kv_valid
-    )
+    # The fed token's K/V go straight into the state buffers (column write_idx), then attention reads them.
     write_col = jnp.where(feed, state.write_idx, state.kv_valid.shape[1])  # out of range: not written
+    kv_valid = state.kv_valid.at[rows, write_col].set(True, mode="drop")
+    hidden, caches = pi05.text_forward(
+        params, config, token[:, None], state.next_pos[:, None], (state.k, state.v), kv_valid, write_col
+    )
     return state.replace(
-        k=state.k.at[:, rows, write_col].set(k_new[:, :, 0], mode="drop"),
-        v=state.v.at[:, rows, write_col].set(v_new[:, :, 0], mode="drop"),
-        kv_valid=state.kv_valid.at[rows, write_col].set(True, mode="drop"),
+        k=tuple(k for k, _ in caches),
+        v=tuple(v for _, v in caches),
+        kv_valid=kv_valid,
         hidden=jnp.where(feed[:, None], hidden[:, 0], state.hidden),
         next_pos=state.next_pos + feed,
         write_idx=state.write_idx + feed,

@@ -11,7 +11,13 @@ Einsum axes:
 
 Instead of openpi's "concatenate the cache inside attention and return it", every call returns only the
 new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache, a slot of the decode
-batch state, or nowhere for denoising). Attention always runs over `[cache columns | new tokens]`.
+batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` without
+materializing that concatenation: one softmax over both logit blocks, then one value product per block.
+
+Layers run as a Python loop over per-layer param trees. openpi stores them stacked ([depth, ...], as
+`nn.scan` creates them); `unstack_layers` turns that into a tuple of per-layer trees once, because every
+use of a stacked layer inside a loop copies its weights first (XLA slices before a dot), which doubles a
+decode step's memory traffic.
 """
 
 import dataclasses
@@ -85,7 +91,10 @@ class FeedForward(nn.Module):
             nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
             (2, self.width, self.mlp_dim),
         ).astype(x.dtype)
-        hidden = nn.gelu(jnp.dot(x, w_gating[0])) * jnp.dot(x, w_gating[1])
+        # One dot batched over the pair (leading dim of both operands): slicing w_gating[0] / [1], or a
+        # dot contracting the weight's middle dim, would copy the weights.
+        gate, up = jnp.einsum("C...D,CDF->C...F", jnp.broadcast_to(x, (2, *x.shape)), w_gating)
+        hidden = nn.gelu(gate) * up
         w_linear = self.param(
             "linear", nn.initializers.lecun_normal(in_axis=-2, out_axis=-1), (self.mlp_dim, self.width)
         ).astype(x.dtype)
@@ -123,13 +132,26 @@ def apply_rope(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_00
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def write_columns(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
+    """cache [B, S, K, H] with new [B, T, K, H] at columns start[b] + t (start >= S: row not written)."""
+    rows = jnp.arange(cache.shape[0])[:, None]
+    cols = start[:, None] + jnp.arange(new.shape[1])[None, :]
+    return cache.at[rows, cols].set(new.astype(cache.dtype), mode="drop")
+
+
 class Attention(nn.Module):
-    """Joint MQA over all experts' tokens, attending `[cache | new tokens]` under `mask` [B, T, S]."""
+    """Joint MQA over all experts' tokens.
+
+    Without `write_idx`: attends `[cache | new tokens]` under mask [B, T, S_cache + T] and returns the
+    new tokens' (k, v). With `write_idx` [B]: writes the new tokens into the cache at those columns
+    first, attends the updated cache under mask [B, T, S_cache] and returns it. The write-then-read
+    order lets XLA update a decode buffer in place; a read before the write would force a copy.
+    """
 
     configs: tuple[GemmaConfig, ...]
 
     @nn.compact
-    def __call__(self, xs, positions, mask, kv_cache):
+    def __call__(self, xs, positions, mask, kv_cache, write_idx=None):
         cfg = self.configs[0]
         dtype = next(x.dtype for x in xs if x is not None)
         qs, ks, vs = [], [], []
@@ -146,8 +168,10 @@ class Attention(nn.Module):
                 nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
                 name=_name("kv_einsum", i),
             )
-            qs.append(q_proj("BTD,NDH->BTNH", x))
-            k, v = kv_proj("BSD,2KDH->2BSKH", x)
+            # Batched over heads (leading in both operands): contracting the weight's middle dim D
+            # would make XLA transpose, i.e. copy, the weight on every call.
+            qs.append(q_proj("NBTD,NDH->BTNH", jnp.broadcast_to(x, (c.num_heads, *x.shape))))
+            k, v = kv_proj("CKBSD,CKDH->CBSKH", jnp.broadcast_to(x, (2, c.num_kv_heads, *x.shape)))
             ks.append(k)
             vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
@@ -155,10 +179,14 @@ class Attention(nn.Module):
         q = apply_rope(q, positions) * cfg.head_dim**-0.5
         k_new = apply_rope(k_new, positions)
         if kv_cache is None:
-            k, v = k_new, v_new
+            blocks = [(k_new, v_new)]
+        elif write_idx is None:
+            blocks = [tuple(c.astype(dtype) for c in kv_cache), (k_new, v_new)]
         else:
-            k = jnp.concatenate([kv_cache[0].astype(dtype), k_new], axis=1)
-            v = jnp.concatenate([kv_cache[1].astype(dtype), v_new], axis=1)
+            k_new, v_new = (
+                write_columns(c, n, write_idx) for c, n in zip(kv_cache, (k_new, v_new), strict=True)
+            )
+            blocks = [(k_new.astype(dtype), v_new.astype(dtype))]
 
         # Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): XLA:CPU runs these dots
         # an order of magnitude faster than the [B, T, K, G, H] layout, and with K == 1 the key/value
@@ -167,12 +195,22 @@ class Attention(nn.Module):
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim).transpose(0, 2, 3, 1, 4)
         q = q.reshape(batch, cfg.num_kv_heads, groups * length, cfg.head_dim)
-        logits = jnp.einsum("BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        logits = jnp.concatenate(
+            [
+                jnp.einsum("BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+                for k, _ in blocks
+            ],
+            axis=-1,
+        )
         logits = logits.reshape(batch, cfg.num_kv_heads, groups, length, -1)
         logits = jnp.where(mask[:, None, None, :, :], logits, MASKED_LOGIT)
         probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
         probs = probs.reshape(batch, cfg.num_kv_heads, groups * length, -1)
-        encoded = jnp.einsum("BKMS,BKSH->BKMH", probs, v.transpose(0, 2, 1, 3))
+        encoded, start = 0, 0
+        for _, v in blocks:
+            block_probs = probs[..., start : start + v.shape[1]]
+            encoded = encoded + jnp.einsum("BKMS,BKSH->BKMH", block_probs, v.transpose(0, 2, 1, 3))
+            start += v.shape[1]
         encoded = encoded.reshape(batch, cfg.num_kv_heads, groups, length, cfg.head_dim).transpose(
             0, 3, 1, 2, 4
         )
@@ -205,13 +243,13 @@ class Block(nn.Module):
     configs: tuple[GemmaConfig, ...]
 
     @nn.compact
-    def __call__(self, xs, kv_cache, positions, mask, adarms_cond):
+    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx=None):
         normed, gates = [], []
         for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
             n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
-        attn_out, new_kv = Attention(self.configs, name="attn")(normed, positions, mask, kv_cache)
+        attn_out, new_kv = Attention(self.configs, name="attn")(normed, positions, mask, kv_cache, write_idx)
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
 
         ffn_out, gates = [], []
@@ -238,7 +276,10 @@ class Embedder(nn.Module):
 
 
 class Gemma(nn.Module):
-    """The layer stack of all experts plus the expert-0 embedder (tied with the language head)."""
+    """The expert-0 embedder (tied with the language head) and every expert's final norm.
+
+    The layer stack lives outside the module (`init_layers`, `run_layers`) so it can run per layer.
+    """
 
     configs: tuple[GemmaConfig, ...]
     vocab_size: int
@@ -246,13 +287,6 @@ class Gemma(nn.Module):
 
     def setup(self):
         self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
-        self.layers = nn.scan(
-            Block,
-            variable_axes={"params": 0},
-            split_rngs={"params": True},
-            in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast),
-            length=self.configs[0].depth,
-        )(self.configs)
         self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
 
     def embed(self, tokens: jax.Array) -> jax.Array:
@@ -265,26 +299,57 @@ class Gemma(nn.Module):
         table = self.embedder.table.astype(hidden.dtype)
         return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
 
-    def __call__(
-        self,
-        embedded: Sequence[jax.Array | None],
-        positions: jax.Array,
-        mask: jax.Array,
-        adarms_cond: Sequence[jax.Array | None] | None = None,
-        kv_cache: tuple[jax.Array, jax.Array] | None = None,
-    ):
-        """Runs every expert's tokens through the stack.
-
-        embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
-        kv_cache: (k, v) [depth, B, S_cache, K, H] of earlier columns or None.
-        Returns (final-normed outputs per expert, (k, v) [depth, B, T, K, H] of the new tokens).
-        """
-        embedded = [None if e is None else e.astype(self.dtype) for e in embedded]
-        if adarms_cond is None:
-            adarms_cond = [None] * len(self.configs)
-        out, new_kv = self.layers(embedded, kv_cache, positions, mask, adarms_cond)
-        normed = [
-            None if e is None else norm(e, cond)[0]
-            for norm, e, cond in zip(self.final_norms, out, adarms_cond, strict=True)
+    def final_norm(
+        self, xs: Sequence[jax.Array | None], adarms_cond: Sequence[jax.Array | None]
+    ) -> list[jax.Array | None]:
+        return [
+            None if x is None else norm(x, cond)[0]
+            for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
         ]
-        return normed, new_kv
+
+
+def init_layers(configs: tuple[GemmaConfig, ...], rng: jax.Array, xs, positions, mask, adarms_cond) -> dict:
+    """Stacked layer params ([depth, ...] leaves, openpi's layout), one independent init per layer."""
+    block = Block(configs)
+    keys = jax.random.split(rng, configs[0].depth)
+    return jax.vmap(lambda key: block.init(key, xs, None, positions, mask, adarms_cond)["params"])(keys)
+
+
+def unstack_layers(layers: dict) -> tuple[dict, ...]:
+    """Stacked layer params -> a tuple of per-layer trees (the layout `run_layers` runs fastest on)."""
+    depth = jax.tree.leaves(layers)[0].shape[0]
+    return tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(depth))
+
+
+def run_layers(
+    layers: dict | Sequence[dict],
+    configs: tuple[GemmaConfig, ...],
+    dtype: str,
+    embedded: Sequence[jax.Array | None],
+    positions: jax.Array,
+    mask: jax.Array,
+    adarms_cond: Sequence[jax.Array | None] | None = None,
+    kv_cache: tuple | None = None,
+    write_idx: jax.Array | None = None,
+) -> tuple[list[jax.Array | None], list[tuple[jax.Array, jax.Array]]]:
+    """Runs every expert's tokens through the stack (not final-normed).
+
+    layers: per-layer param trees, or openpi's stacked tree (sliced here, which copies weights);
+    embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
+    kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
+    [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
+    Returns (outputs per expert, per layer (k, v): the new tokens' [B, T, K, H], or with write_idx the
+    updated cache).
+    """
+    if isinstance(layers, dict):
+        layers = unstack_layers(layers)
+    xs = [None if e is None else e.astype(dtype) for e in embedded]
+    if adarms_cond is None:
+        adarms_cond = [None] * len(configs)
+    block = Block(configs)
+    new_kv = []
+    for i, layer in enumerate(layers):
+        layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
+        xs, kv = block.apply({"params": layer}, xs, layer_cache, positions, mask, adarms_cond, write_idx)
+        new_kv.append(kv)
+    return xs, new_kv

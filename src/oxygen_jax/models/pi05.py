@@ -94,14 +94,15 @@ def init_params(config: Pi05Config, rng: jax.Array) -> dict:
     pg, ae = config.paligemma, config.action_expert
     llm = _llm(config)
     dummy = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
-    llm_params = llm.init(
-        keys[0],
-        dummy,
-        jnp.zeros((1, 2), jnp.int32),
-        jnp.ones((1, 2, 2), bool),
-        [None, jnp.zeros((1, ae.width))],
-    )["params"]
-    llm_params = {**llm_params, **llm.init(keys[0], jnp.zeros((1, 1), jnp.int32), method="embed")["params"]}
+    cond = [None, jnp.zeros((1, ae.width))]
+    layers = gemma.init_layers(
+        llm.configs, keys[0], dummy, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond
+    )
+    llm_params = {
+        "layers": layers,
+        **llm.init(keys[0], dummy, cond, method="final_norm")["params"],
+        **llm.init(keys[0], jnp.zeros((1, 1), jnp.int32), method="embed")["params"],
+    }
     image = jnp.zeros((1, config.image_size, config.image_size, 3))
     img_params = _vision(config).init(keys[1], image)["params"]
 
@@ -124,6 +125,49 @@ def param_shapes(config: Pi05Config) -> dict:
 
 def cast_params(params: dict, dtype) -> dict:
     return jax.tree.map(lambda x: x.astype(dtype), params)
+
+
+def unstack_layers(params: dict) -> dict:
+    """The runtime layout: the Gemma layers as a tuple of per-layer trees (see `gemma.unstack_layers`).
+    Every function here takes either layout; the engine keeps this one."""
+    llm = params["PaliGemma"]["llm"]
+    if not isinstance(llm["layers"], dict):
+        return params
+    llm = {**llm, "layers": gemma.unstack_layers(llm["layers"])}
+    return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
+
+
+def _run_llm(
+    params: dict,
+    config: Pi05Config,
+    embedded,
+    positions,
+    mask,
+    adarms_cond=None,
+    kv_cache=None,
+    write_idx=None,
+):
+    """The Gemma stack plus final norms. Returns (normed outputs per expert, per-layer (k, v)); see
+    `gemma.run_layers`."""
+    llm, llm_params = _llm(config), params["PaliGemma"]["llm"]
+    out, new_kv = gemma.run_layers(
+        llm_params["layers"],
+        llm.configs,
+        config.dtype,
+        embedded,
+        positions,
+        mask,
+        adarms_cond,
+        kv_cache,
+        write_idx,
+    )
+    if adarms_cond is None:
+        adarms_cond = [None] * len(out)
+    return llm.apply({"params": llm_params}, out, adarms_cond, method="final_norm"), new_kv
+
+
+def _stack_kv(new_kv: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
+    return jnp.stack([k for k, _ in new_kv]), jnp.stack([v for _, v in new_kv])
 
 
 def make_attn_mask(input_mask: jax.Array, ar_mask: jax.Array) -> jax.Array:
@@ -167,9 +211,8 @@ def prefix_forward(
     """The prefix pass. Returns (cache, final-normed prefix hidden states [B, P, D])."""
     tokens, mask, ar_mask = embed_prefix(params, config, obs, skip_cameras)
     positions = jnp.cumsum(mask, axis=1) - 1
-    (hidden, _), (k, v) = _llm(config).apply(
-        {"params": params["PaliGemma"]["llm"]}, [tokens, None], positions, make_attn_mask(mask, ar_mask)
-    )
+    (hidden, _), new_kv = _run_llm(params, config, [tokens, None], positions, make_attn_mask(mask, ar_mask))
+    k, v = _stack_kv(new_kv)
     last = jnp.take_along_axis(hidden, last_valid_index(mask)[:, None, None], axis=1)[:, 0]
     cache = PrefixCache(k=k, v=v, mask=mask, positions=positions, length=mask.sum(axis=1), last_hidden=last)
     return cache, hidden
@@ -213,14 +256,7 @@ def predict_velocity(
         axis=-1,
     )
     positions = cache.length[:, None] + jnp.arange(horizon)[None, :]
-    (_, out), _ = _llm(config).apply(
-        {"params": params["PaliGemma"]["llm"]},
-        [None, tokens],
-        positions,
-        mask,
-        [None, cond],
-        kv_cache=(cache.k, cache.v),
-    )
+    (_, out), _ = _run_llm(params, config, [None, tokens], positions, mask, [None, cond], (cache.k, cache.v))
     return _dense(config.action_dim).apply({"params": params["action_out_proj"]}, out)
 
 
@@ -250,26 +286,39 @@ def text_forward(
     config: Pi05Config,
     tokens: jax.Array,
     positions: jax.Array,
-    kv_cache: tuple[jax.Array, jax.Array],
+    kv_cache: tuple,
     kv_valid: jax.Array,
+    write_idx: jax.Array | None = None,
 ):
     """Language tokens [B, T] through the PaliGemma expert against cached columns.
 
-    Each token sees the valid cached columns (kv_valid [B, S]) and the tokens before it (causal).
-    Returns (final-normed hidden [B, T, D], (k, v) [depth, B, T, K, H] of these tokens).
+    kv_cache: (k, v), each indexable by layer to [B, S, K, H]. Each token sees the valid cached columns
+    (kv_valid [B, S]) and the tokens before it (causal).
+    Returns (final-normed hidden [B, T, D], per layer (k, v) [B, T, K, H] of these tokens).
+
+    With write_idx [B] (decoding into a batch state): the tokens' K/V go into the cache at columns
+    write_idx[b] + t (out of range: not written) before attention, kv_valid must already mark them, and
+    the per-layer (k, v) returned are the updated caches.
     """
     length = tokens.shape[1]
-    causal = jnp.tril(jnp.ones((length, length), bool))
-    mask = jnp.concatenate(
-        [
-            jnp.broadcast_to(kv_valid[:, None, :], (tokens.shape[0], length, kv_valid.shape[1])),
-            jnp.broadcast_to(causal, (tokens.shape[0], length, length)),
-        ],
-        axis=-1,
+    if write_idx is None:
+        causal = jnp.tril(jnp.ones((length, length), bool))
+        mask = jnp.concatenate(
+            [
+                jnp.broadcast_to(kv_valid[:, None, :], (tokens.shape[0], length, kv_valid.shape[1])),
+                jnp.broadcast_to(causal, (tokens.shape[0], length, length)),
+            ],
+            axis=-1,
+        )
+    else:  # token t sees no column written for a later token
+        columns = jnp.arange(kv_valid.shape[1])
+        mask = kv_valid[:, None, :] & (
+            columns[None, None, :] <= write_idx[:, None, None] + jnp.arange(length)[:, None]
+        )
+    embedded = _llm(config).apply({"params": params["PaliGemma"]["llm"]}, tokens, method="embed")
+    (hidden, _), new_kv = _run_llm(
+        params, config, [embedded, None], positions, mask, None, kv_cache, write_idx
     )
-    llm, llm_params = _llm(config), {"params": params["PaliGemma"]["llm"]}
-    embedded = llm.apply(llm_params, tokens, method="embed")
-    (hidden, _), new_kv = llm.apply(llm_params, [embedded, None], positions, mask, kv_cache=kv_cache)
     return hidden, new_kv
 
 
