@@ -89,6 +89,10 @@ def test_roofline_and_report(results):
     phases = {p["phase"] for p in roof["phases"]}
     assert {"vision", "prefill", "denoise", "decode_step_b1", "decode_step_b4"} <= phases
     assert all(p["floor_ms"] > 0 and p["bound"] in ("compute", "bandwidth") for p in roof["phases"])
+    # Decode steps also sit against the dot kernels' measured weight-streaming rate at their batch.
+    assert {"b1", "b4"} <= roof["machine"]["weight_stream_bytes_per_s"].keys()
+    decode = [p for p in roof["phases"] if p["phase"].startswith("decode_step_b")]
+    assert decode and all(p["stream_floor_ms"] > 0 and p["x_stream_floor"] > 0 for p in decode)
     assert "| ablation | oxygen |" in (results / "results.md").read_text()
     for plot in ("ablation", "speedup_vs_n_k", "tradeoff", "roofline"):
         assert (results / f"{plot}.png").stat().st_size > 0

@@ -115,15 +115,21 @@ def markdown(runs: list[dict], roof: dict, quick: dict) -> str:
     m = roof["machine"]
     lines += [
         f"Machine: matmul {m['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, bandwidth "
-        f"{m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s.",
+        f"{m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; dot kernels stream weights at "
+        + ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in m["weight_stream_bytes_per_s"].items())
+        + ".",
         "",
-        "| phase | measured ms | floor ms | bound | x floor |",
-        "|---|---|---|---|---|",
+        "| phase | measured ms | floor ms | bound | x floor | stream floor ms | x stream floor |",
+        "|---|---|---|---|---|---|---|",
     ]
-    lines += [
-        f"| {p['phase']} | {p['ms']:.2f} | {p['floor_ms']:.2f} | {p['bound']} | {p['x_floor']:.2f} |"
-        for p in roof["phases"]
-    ]
+    for p in roof["phases"]:
+        stream = (
+            f"{p['stream_floor_ms']:.2f} | {p['x_stream_floor']:.2f}" if "stream_floor_ms" in p else "- | -"
+        )
+        lines.append(
+            f"| {p['phase']} | {p['ms']:.2f} | {p['floor_ms']:.2f} | {p['bound']} | {p['x_floor']:.2f} "
+            f"| {stream} |"
+        )
     cost = roof["cost_model"]
     lines += [
         "",

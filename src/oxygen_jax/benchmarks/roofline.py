@@ -29,8 +29,33 @@ def _best_s(fn, reps: int = 7) -> float:
     return min(times)
 
 
-def machine(dtype: str) -> dict[str, float]:
-    """Best matmul FLOP/s in the compute dtype and best memory bandwidth (read-only and copy kernels)."""
+def weight_stream(dtype: str, batches: tuple[int, ...]) -> dict[str, float]:
+    """Bytes/s at which x [b, D] @ W streams weights through the backend's dot kernels, per batch b.
+
+    Twelve [D, 16 D] matrices larger than the last-level cache, as a decode step reads its layers. A
+    kernel that streams slower than the bandwidth kernels at some b puts a floor above the roofline's
+    under every decode step at that batch (on XLA:CPU, b = 1 runs a GEMV and b > 1 a GEMM).
+    """
+    width = 256 if jax.default_backend() == "cpu" else 2048
+    weights = [jnp.full((width, 16 * width), 0.01, dtype) for _ in range(12)]
+
+    def chain(x, weights):
+        for w in weights:
+            x = x + jnp.dot(x, w)[:, :width]
+        return x
+
+    chain = jax.jit(chain)
+    nbytes = sum(w.nbytes for w in weights)
+    rates = {}
+    for b in batches:
+        x = jnp.ones((b, width), dtype)
+        rates[f"b{b}"] = nbytes / _best_s(lambda x=x: chain(x, weights))
+    return rates
+
+
+def machine(dtype: str, batches: tuple[int, ...] = (1,)) -> dict:
+    """Best matmul FLOP/s in the compute dtype, best memory bandwidth (read-only and copy kernels) and
+    the dot kernels' weight-streaming rate at each decode batch."""
     cpu = jax.default_backend() == "cpu"
     n, size = (2048, 2**26) if cpu else (8192, 2**29)
     a = jnp.ones((n, n), dtype)
@@ -45,6 +70,7 @@ def machine(dtype: str) -> dict[str, float]:
         "bandwidth_bytes_per_s": max(x.nbytes / read_s, 2 * x.nbytes / copy_s),
         "matmul_n": n,
         "bandwidth_array_bytes": x.nbytes,
+        "weight_stream_bytes_per_s": weight_stream(dtype, batches),
     }
 
 
@@ -75,7 +101,7 @@ def phase_costs(
     max_new: int,
 ) -> dict[str, tuple[float, float]]:
     """(FLOPs, bytes) per phase. `cameras`: cameras the prefill computes; decode attends the batch state's
-    columns (every camera slot reserved, plus max_new)."""
+    columns (that prefix plus max_new)."""
     item = jnp.dtype(config.dtype).itemsize
     g, e, v = config.paligemma, config.action_expert, config.vision
     kv_col = 2 * g.depth * g.num_kv_heads * g.head_dim * item  # K and V bytes of one cache column
@@ -94,7 +120,7 @@ def phase_costs(
         "prefill": (prefill_flops, vision_bytes + weights["backbone"] * item + prefix * kv_col),
         "denoise": (num_steps * step_flops, num_steps * (weights["action_expert"] * item + prefix * kv_col)),
     }
-    columns = config.prefix_len + max_new
+    columns = prefix + max_new
     decoder = weights["backbone"] + weights["embedding"]
     for b in batches:
         flops = b * (2 * decoder + 4 * columns * attn_width * g.depth)
@@ -103,8 +129,9 @@ def phase_costs(
 
 
 def _decode_step_s(engine: Engine, cache, batch: int, max_new: int, steps: int = 16) -> float:
-    """Seconds per token step of decode(k=steps) on a batch state of `batch` full slots."""
-    state = engine.init_state(batch, max_new)
+    """Seconds per token step of decode(k=steps) on a batch state of `batch` full slots, sized to the
+    cache's prefix as the scheduler sizes it."""
+    state = engine.init_state(batch, max_new, cache.mask.shape[1])
     rows = engine.select_rows(cache, np.zeros(batch, np.int32))
     zeros, ones = np.zeros(batch, np.float32), np.ones(batch, np.float32)
     holder = [
@@ -139,7 +166,7 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
         "decode_k_b1": spec.k * _decode_step_s(engine, cache, 1, spec.max_new, spec.k),
         "decode_k_slots": spec.k * _decode_step_s(engine, cache, spec.slots, spec.max_new, spec.k),
     }
-    peaks = machine(config.dtype)
+    peaks = machine(config.dtype, batches)
     costs = phase_costs(
         config, weight_counts(engine.params), len(cams), spec.num_steps, batches, spec.max_new
     )
@@ -159,6 +186,9 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
                 "x_floor": seconds[name] / floor_s,
             }
         )
+        if name.startswith("decode_step_b"):  # the same bytes at the dot kernels' streaming rate
+            stream_s = nbytes / peaks["weight_stream_bytes_per_s"][name.removeprefix("decode_step_")]
+            phases[-1] |= {"stream_floor_ms": stream_s * 1e3, "x_stream_floor": seconds[name] / stream_s}
     return {
         "machine": peaks,
         "phases": phases,
