@@ -33,6 +33,14 @@ def test_tiny_param_tree_matches_openpi(tiny_config):
     assert _leaves(pi05.param_shapes(tiny_config)) == _golden_tree("param_tree.json")
 
 
+def test_per_layer_init_is_the_stacked_init_unstacked(tiny_config):
+    """Random init in the engine's per-layer layout holds exactly openpi's stacked init, layer by layer."""
+    key = jax.random.key(3)
+    stacked = pi05.init_params(tiny_config, key)
+    per_layer = pi05.init_params(tiny_config, key, stacked=False)
+    jax.tree.map(np.testing.assert_array_equal, pi05.unstack_layers(stacked), per_layer)
+
+
 def test_full_param_tree_matches_openpi_without_allocating():
     full = config.model_config(config.load_config("pi05"))
     shapes = pi05.param_shapes(full)  # eval_shape: nothing is allocated

@@ -18,6 +18,9 @@ def load_params(
 ) -> dict:
     """Params checked against the model's tree and cast to `dtype` (None: as stored / float32 init).
 
+    A checkpoint comes in openpi's tree; a random init (no checkpoint) comes in the engine's per-layer
+    layout (`pi05.unstack_layers`), so the full model never holds its layers twice.
+
     openpi's `create_trained_policy` restores as bfloat16; pass dtype="bfloat16" to replicate it (the
     engine then casts to its compute dtype).
     """
@@ -28,7 +31,7 @@ def load_params(
         logger.warning(
             "no checkpoint: random-initialized model (seed %d); its actions and text are meaningless", seed
         )
-        params = pi05.init_params(model_config, jax.random.key(seed))
+        params = pi05.init_params(model_config, jax.random.key(seed), stacked=False)
         return params if cast is None else pi05.cast_params(params, cast)
     params = checkpoints.restore_params(checkpoint_dir, expected=pi05.param_shapes(model_config), dtype=cast)
     logger.info("restored params from %s (%s)", checkpoint_dir, dtype or "as stored")

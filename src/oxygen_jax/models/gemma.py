@@ -308,11 +308,13 @@ class Gemma(nn.Module):
         ]
 
 
-def init_layers(configs: tuple[GemmaConfig, ...], rng: jax.Array, xs, positions, mask, adarms_cond) -> dict:
-    """Stacked layer params ([depth, ...] leaves, openpi's layout), one independent init per layer."""
+def init_layers(
+    configs: tuple[GemmaConfig, ...], rng: jax.Array, xs, positions, mask, adarms_cond
+) -> tuple[dict, ...]:
+    """Per-layer params, one independent init per layer (stack them for openpi's layout)."""
     block = Block(configs)
     keys = jax.random.split(rng, configs[0].depth)
-    return jax.vmap(lambda key: block.init(key, xs, None, positions, mask, adarms_cond)["params"])(keys)
+    return tuple(block.init(key, xs, None, positions, mask, adarms_cond)["params"] for key in keys)
 
 
 def unstack_layers(layers: dict) -> tuple[dict, ...]:

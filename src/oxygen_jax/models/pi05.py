@@ -87,9 +87,13 @@ def _dense(features: int) -> nn.Dense:
     return nn.Dense(features)
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def init_params(config: Pi05Config, rng: jax.Array) -> dict:
-    """Random params with openpi's initializers and tree (float32); jitted, as eager init is slow."""
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True) -> dict:
+    """Random params with openpi's initializers (float32); jitted, as eager init is slow.
+
+    stacked=True: openpi's tree. stacked=False: the engine's layout (`unstack_layers`), made without ever
+    holding the stacked copy, which matters for the full model in 24 GB.
+    """
     keys = jax.random.split(rng, 6)
     pg, ae = config.paligemma, config.action_expert
     llm = _llm(config)
@@ -99,7 +103,7 @@ def init_params(config: Pi05Config, rng: jax.Array) -> dict:
         llm.configs, keys[0], dummy, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond
     )
     llm_params = {
-        "layers": layers,
+        "layers": jax.tree.map(lambda *x: jnp.stack(x), *layers) if stacked else layers,
         **llm.init(keys[0], dummy, cond, method="final_norm")["params"],
         **llm.init(keys[0], jnp.zeros((1, 1), jnp.int32), method="embed")["params"],
     }
