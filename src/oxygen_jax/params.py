@@ -31,8 +31,7 @@ def load_params(
         logger.warning(
             "no checkpoint: random-initialized model (seed %d); its actions and text are meaningless", seed
         )
-        params = pi05.init_params(model_config, jax.random.key(seed), stacked=False)
-        return params if cast is None else pi05.cast_params(params, cast)
+        return pi05.init_params(model_config, jax.random.key(seed), stacked=False, dtype=dtype or "float32")
     params = checkpoints.restore_params(checkpoint_dir, expected=pi05.param_shapes(model_config), dtype=cast)
     logger.info("restored params from %s (%s)", checkpoint_dir, dtype or "as stored")
     return params

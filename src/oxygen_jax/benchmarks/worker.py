@@ -38,10 +38,10 @@ def build_engine(cfg: ml_collections.ConfigDict, spec: RunSpec) -> Engine:
     eos_id=-1: no request stops early, so every mode serves exactly the requested tokens.
     """
     model_config = config.model_config(cfg)
-    init = jax.jit(
-        lambda key: pi05.cast_params(pi05.init_params(model_config, key, stacked=False), model_config.dtype)
+    params = pi05.init_params(
+        model_config, jax.random.key(spec.seed), stacked=False, dtype=model_config.dtype
     )
-    params = jax.block_until_ready(init(jax.random.key(spec.seed)))  # init's time and memory end here
+    params = jax.block_until_ready(params)  # init's time and memory end here
     return Engine(params, model_config, eos_id=-1, skip_masked_cameras=spec.skip_masked_cameras)
 
 

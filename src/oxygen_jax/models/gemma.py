@@ -278,7 +278,7 @@ class Embedder(nn.Module):
 class Gemma(nn.Module):
     """The expert-0 embedder (tied with the language head) and every expert's final norm.
 
-    The layer stack lives outside the module (`init_layers`, `run_layers`) so it can run per layer.
+    The layer stack lives outside the module (`Block`, `run_layers`) so it can run per layer.
     """
 
     configs: tuple[GemmaConfig, ...]
@@ -306,15 +306,6 @@ class Gemma(nn.Module):
             None if x is None else norm(x, cond)[0]
             for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
         ]
-
-
-def init_layers(
-    configs: tuple[GemmaConfig, ...], rng: jax.Array, xs, positions, mask, adarms_cond
-) -> tuple[dict, ...]:
-    """Per-layer params, one independent init per layer (stack them for openpi's layout)."""
-    block = Block(configs)
-    keys = jax.random.split(rng, configs[0].depth)
-    return tuple(block.init(key, xs, None, positions, mask, adarms_cond)["params"] for key in keys)
 
 
 def unstack_layers(layers: dict) -> tuple[dict, ...]:

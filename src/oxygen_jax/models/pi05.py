@@ -87,24 +87,27 @@ def _dense(features: int) -> nn.Dense:
     return nn.Dense(features)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True) -> dict:
-    """Random params with openpi's initializers (float32); jitted, as eager init is slow.
-
-    stacked=True: openpi's tree. stacked=False: the engine's layout (`unstack_layers`), made without ever
-    holding the stacked copy, which matters for the full model in 24 GB.
-    """
-    keys = jax.random.split(rng, 6)
+def _dummy_llm_inputs(config: Pi05Config):
     pg, ae = config.paligemma, config.action_expert
-    llm = _llm(config)
-    dummy = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
-    cond = [None, jnp.zeros((1, ae.width))]
-    layers = gemma.init_layers(
-        llm.configs, keys[0], dummy, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond
-    )
+    embedded = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
+    return embedded, [None, jnp.zeros((1, ae.width))]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
+    embedded, cond = _dummy_llm_inputs(config)
+    block = gemma.Block(_llm(config).configs)
+    params = block.init(rng, embedded, None, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond)
+    return cast_params(params["params"], dtype)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _init_outside_layers(config: Pi05Config, keys: jax.Array, dtype: str) -> dict:
+    """Everything but the Gemma layers: embedder, final norms, SigLIP, action and time projections."""
+    llm, ae = _llm(config), config.action_expert
+    embedded, cond = _dummy_llm_inputs(config)
     llm_params = {
-        "layers": jax.tree.map(lambda *x: jnp.stack(x), *layers) if stacked else layers,
-        **llm.init(keys[0], dummy, cond, method="final_norm")["params"],
+        **llm.init(keys[0], embedded, cond, method="final_norm")["params"],
         **llm.init(keys[0], jnp.zeros((1, 1), jnp.int32), method="embed")["params"],
     }
     image = jnp.zeros((1, config.image_size, config.image_size, 3))
@@ -113,13 +116,32 @@ def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True) -> dic
     def dense(key, n_in, n_out):
         return _dense(n_out).init(key, jnp.zeros((1, n_in)))["params"]
 
-    return {
+    params = {
         "PaliGemma": {"llm": llm_params, "img": img_params},
         "action_in_proj": dense(keys[2], config.action_dim, ae.width),
         "action_out_proj": dense(keys[3], ae.width, config.action_dim),
         "time_mlp_in": dense(keys[4], ae.width, ae.width),
         "time_mlp_out": dense(keys[5], ae.width, ae.width),
     }
+    return cast_params(params, dtype)
+
+
+def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype: str = "float32") -> dict:
+    """Random params with openpi's initializers, created in `dtype`.
+
+    stacked=True: openpi's tree; stacked=False: the engine's per-layer layout (`unstack_layers`). Each
+    layer comes from its own call of one compiled init, so memory peaks at the params plus one layer's
+    temporaries: the full model never holds a float32 copy, nor its layers twice.
+    """
+    keys = jax.random.split(rng, 6)
+    layers = tuple(
+        _init_layer(config, key, dtype) for key in jax.random.split(keys[0], config.paligemma.depth)
+    )
+    params = _init_outside_layers(config, keys, dtype)
+    params["PaliGemma"]["llm"]["layers"] = (
+        jax.tree.map(lambda *x: jnp.stack(x), *layers) if stacked else layers
+    )
+    return params
 
 
 def param_shapes(config: Pi05Config) -> dict:
