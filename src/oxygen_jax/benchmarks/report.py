@@ -115,8 +115,9 @@ def markdown(runs: list[dict], roof: dict, quick: dict) -> str:
     m = roof["machine"]
     lines += [
         f"Machine: matmul {m['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, bandwidth "
-        f"{m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; dot kernels stream weights at "
-        + ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in m["weight_stream_bytes_per_s"].items())
+        f"{m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; the model's MLP weights stream through the dot "
+        "kernels at "
+        + ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in roof["mlp_stream_bytes_per_s"].items())
         + ".",
         "",
         "| phase | measured ms | floor ms | bound | x floor | stream floor ms | x stream floor |",

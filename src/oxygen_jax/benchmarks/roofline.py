@@ -14,7 +14,7 @@ import numpy as np
 
 from oxygen_jax.benchmarks.spec import RunSpec, observation
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.models import inputs, siglip
+from oxygen_jax.models import gemma, inputs, siglip
 from oxygen_jax.models.pi05 import Pi05Config
 
 
@@ -29,33 +29,31 @@ def _best_s(fn, reps: int = 7) -> float:
     return min(times)
 
 
-def weight_stream(dtype: str, batches: tuple[int, ...]) -> dict[str, float]:
-    """Bytes/s at which x [b, D] @ W streams weights through the backend's dot kernels, per batch b.
+def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
+    """Bytes/s at which the backend's dot kernels stream this model's MLP weights at each decode batch b:
+    every backbone layer's gated MLP (the model's own code, two thirds of a decode step's bytes) as a
+    chain on [b, D] inputs, nothing else. A decode step cannot stream its weights faster than this, so
+    it is the floor the kernels set (on XLA:CPU, b = 1 runs GEMVs and b > 1 GEMMs)."""
+    g = engine.config.paligemma
+    ffn = gemma.FeedForward(g.width, g.mlp_dim)
+    mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]  # engine: per layer
 
-    Twelve [D, 16 D] matrices larger than the last-level cache, as a decode step reads its layers. A
-    kernel that streams slower than the bandwidth kernels at some b puts a floor above the roofline's
-    under every decode step at that batch (on XLA:CPU, b = 1 runs a GEMV and b > 1 a GEMM).
-    """
-    width = 256 if jax.default_backend() == "cpu" else 2048
-    weights = [jnp.full((width, 16 * width), 0.01, dtype) for _ in range(12)]
-
-    def chain(x, weights):
-        for w in weights:
-            x = x + jnp.dot(x, w)[:, :width]
+    @jax.jit
+    def chain(x, mlps):
+        for mlp in mlps:
+            x = x + ffn.apply({"params": mlp}, x)
         return x
 
-    chain = jax.jit(chain)
-    nbytes = sum(w.nbytes for w in weights)
+    nbytes = sum(w.nbytes for w in jax.tree.leaves(mlps))
     rates = {}
     for b in batches:
-        x = jnp.ones((b, width), dtype)
-        rates[f"b{b}"] = nbytes / _best_s(lambda x=x: chain(x, weights))
+        x = jnp.ones((b, g.width), engine.config.dtype)
+        rates[f"b{b}"] = nbytes / _best_s(lambda x=x: chain(x, mlps), reps=25)
     return rates
 
 
-def machine(dtype: str, batches: tuple[int, ...] = (1,)) -> dict:
-    """Best matmul FLOP/s in the compute dtype, best memory bandwidth (read-only and copy kernels) and
-    the dot kernels' weight-streaming rate at each decode batch."""
+def machine(dtype: str) -> dict[str, float]:
+    """Best matmul FLOP/s in the compute dtype and best memory bandwidth (read-only and copy kernels)."""
     cpu = jax.default_backend() == "cpu"
     n, size = (2048, 2**26) if cpu else (8192, 2**29)
     a = jnp.ones((n, n), dtype)
@@ -70,7 +68,6 @@ def machine(dtype: str, batches: tuple[int, ...] = (1,)) -> dict:
         "bandwidth_bytes_per_s": max(x.nbytes / read_s, 2 * x.nbytes / copy_s),
         "matmul_n": n,
         "bandwidth_array_bytes": x.nbytes,
-        "weight_stream_bytes_per_s": weight_stream(dtype, batches),
     }
 
 
@@ -166,7 +163,8 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
         "decode_k_b1": spec.k * _decode_step_s(engine, cache, 1, spec.max_new, spec.k),
         "decode_k_slots": spec.k * _decode_step_s(engine, cache, spec.slots, spec.max_new, spec.k),
     }
-    peaks = machine(config.dtype, batches)
+    peaks = machine(config.dtype)
+    stream = mlp_stream(engine, batches)
     costs = phase_costs(
         config, weight_counts(engine.params), len(cams), spec.num_steps, batches, spec.max_new
     )
@@ -187,10 +185,11 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
             }
         )
         if name.startswith("decode_step_b"):  # the same bytes at the dot kernels' streaming rate
-            stream_s = nbytes / peaks["weight_stream_bytes_per_s"][name.removeprefix("decode_step_")]
+            stream_s = nbytes / stream[name.removeprefix("decode_step_")]
             phases[-1] |= {"stream_floor_ms": stream_s * 1e3, "x_stream_floor": seconds[name] / stream_s}
     return {
         "machine": peaks,
+        "mlp_stream_bytes_per_s": stream,
         "phases": phases,
         "phase_ms": {k: s * 1e3 for k, s in seconds.items()},
         "cost_model": cost_model(seconds, spec),
