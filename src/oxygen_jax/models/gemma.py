@@ -168,8 +168,9 @@ class Attention(nn.Module):
                 nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
                 name=_name("kv_einsum", i),
             )
-            # Batched over heads (leading in both operands): contracting the weight's middle dim D
-            # would make XLA transpose, i.e. copy, the weight on every call.
+            # Batched over heads (leading in both operands), the q dot reads its weight in place; as
+            # "BTD,NDH->BTNH", which contracts the weight's middle dim D, XLA:CPU copies it transposed on
+            # every call. (XLA still transposes the small kv weight.)
             qs.append(q_proj("NBTD,NDH->BTNH", jnp.broadcast_to(x, (c.num_heads, *x.shape))))
             k, v = kv_proj("CKBSD,CKDH->CBSKH", jnp.broadcast_to(x, (2, c.num_kv_heads, *x.shape)))
             ks.append(k)
