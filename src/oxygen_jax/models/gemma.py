@@ -170,9 +170,9 @@ class Attention(nn.Module):
             )
             # Batched over heads (leading in both operands), the q dot reads its weight in place; as
             # "BTD,NDH->BTNH", which contracts the weight's middle dim D, XLA:CPU copies it transposed on
-            # every call. (XLA still transposes the small kv weight.)
+            # every call. The small kv weight is transposed either way.
             qs.append(q_proj("NBTD,NDH->BTNH", jnp.broadcast_to(x, (c.num_heads, *x.shape))))
-            k, v = kv_proj("CKBSD,CKDH->CBSKH", jnp.broadcast_to(x, (2, c.num_kv_heads, *x.shape)))
+            k, v = kv_proj("BSD,2KDH->2BSKH", x)
             ks.append(k)
             vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
