@@ -19,7 +19,7 @@ def load_params(
     """Params checked against the model's tree and cast to `dtype` (None: as stored / float32 init).
 
     A checkpoint comes in openpi's tree; a random init (no checkpoint) comes in the engine's per-layer
-    layout (`pi05.unstack_layers`), so the full model never holds its layers twice.
+    layout (`pi05.runtime_layout`), so the full model never holds its layers twice.
 
     openpi's `create_trained_policy` restores as bfloat16; pass dtype="bfloat16" to replicate it (the
     engine then casts to its compute dtype).

@@ -30,7 +30,7 @@ class Engine:
         self.config = config
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
-        self.params = jax.device_put(pi05.unstack_layers(pi05.cast_params(params, config.dtype)))
+        self.params = jax.device_put(pi05.runtime_layout(pi05.cast_params(params, config.dtype)))
         self.stats = EngineStats()
         static = {"static_argnums": (1,)}
         self._prefill = jax.jit(pi05.prefill, static_argnums=(1, 3))

@@ -14,13 +14,18 @@ new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache,
 batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` without
 materializing that concatenation: one softmax over both logit blocks, then one value product per block.
 
-Layers run as a Python loop over per-layer param trees. openpi stores them stacked ([depth, ...], as
-`nn.scan` creates them); `unstack_layers` turns that into a tuple of per-layer trees once, because every
-use of a stacked layer inside a loop copies its weights first (XLA slices before a dot), which doubles a
-decode step's memory traffic.
+Layers run as a Python loop over per-layer param trees in the runtime layout (`runtime_layers`):
+- openpi stacks the layers ([depth, ...], as `nn.scan` creates them). Any use of a stacked layer inside
+  a loop copies its weights first (XLA slices before a dot), which doubles a decode step's memory
+  traffic; the runtime keeps one tree per layer.
+- openpi's q and kv weights ([N, D, H], [2, K, D, H]) put the contracted dim D between the output dims,
+  so XLA:CPU copies them transposed on every call. The runtime stores them D-first ([D, N, H],
+  [D, 2, K, H]), which makes each projection one plain matmul over the weight as stored.
+Checkpoints keep openpi's stacked layout; `runtime_layers` and `openpi_layers` convert between the two.
 """
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
 import flax.linen as nn
@@ -56,6 +61,23 @@ class Einsum(nn.Module):
     def __call__(self, eqn: str, x: jax.Array) -> jax.Array:
         w = self.param("w", self.init_fn, self.shape)
         return jnp.einsum(eqn, x, w.astype(x.dtype))
+
+
+class HeadsOut(nn.Module):
+    """The attention output projection [..., N, H] -> [..., D] as one matmul over N * H.
+
+    jnp.einsum("BTNH,NHD->BTD") contracts (H, N) in that order, so XLA:CPU transposes the weight (and
+    the activations) on every call; flattening N * H reads the weight as stored.
+    """
+
+    shape: tuple[int, int, int]
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        init = nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1)
+        w = self.param("w", init, self.shape).astype(x.dtype)
+        heads, head_dim, width = self.shape
+        return jnp.dot(x.reshape(*x.shape[:-2], heads * head_dim), w.reshape(heads * head_dim, width))
 
 
 class RMSNorm(nn.Module):
@@ -139,6 +161,17 @@ def write_columns(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Arr
     return cache.at[rows, cols].set(new.astype(cache.dtype), mode="drop")
 
 
+def _moved_init(init_fn: nn.initializers.Initializer, openpi_shape: tuple[int, ...], axis: int):
+    """Draws as openpi does in its layout, then moves `axis` to the front (the runtime layout)."""
+
+    def init(key, shape, dtype=jnp.float32):
+        w = jnp.moveaxis(init_fn(key, openpi_shape, dtype), axis, 0)
+        assert w.shape == tuple(shape), (w.shape, shape)
+        return w
+
+    return init
+
+
 class Attention(nn.Module):
     """Joint MQA over all experts' tokens.
 
@@ -158,21 +191,27 @@ class Attention(nn.Module):
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
             if x is None:
                 continue
+            # Runtime layout, D first (see the module docstring): both are plain matmuls.
             q_proj = Einsum(
-                (c.num_heads, c.width, c.head_dim),
-                nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
+                (c.width, c.num_heads, c.head_dim),
+                _moved_init(
+                    nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
+                    (c.num_heads, c.width, c.head_dim),
+                    axis=1,
+                ),
                 name=_name("q_einsum", i),
             )
             kv_proj = Einsum(
-                (2, c.num_kv_heads, c.width, c.head_dim),
-                nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
+                (c.width, 2, c.num_kv_heads, c.head_dim),
+                _moved_init(
+                    nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
+                    (2, c.num_kv_heads, c.width, c.head_dim),
+                    axis=2,
+                ),
                 name=_name("kv_einsum", i),
             )
-            # Batched over heads (leading in both operands), the q dot reads its weight in place; as
-            # "BTD,NDH->BTNH", which contracts the weight's middle dim D, XLA:CPU copies it transposed on
-            # every call. The small kv weight is transposed either way.
-            qs.append(q_proj("NBTD,NDH->BTNH", jnp.broadcast_to(x, (c.num_heads, *x.shape))))
-            k, v = kv_proj("BSD,2KDH->2BSKH", x)
+            qs.append(q_proj("BTD,DNH->BTNH", x))
+            k, v = jnp.moveaxis(kv_proj("BSD,D2KH->BS2KH", x), 2, 0)
             ks.append(k)
             vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
@@ -222,12 +261,8 @@ class Attention(nn.Module):
             if x is None:
                 out.append(None)
                 continue
-            o_proj = Einsum(
-                (c.num_heads, c.head_dim, c.width),
-                nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1),
-                name=_name("attn_vec_einsum", i),
-            )
-            out.append(o_proj("BTNH,NHD->BTD", encoded[:, start : start + x.shape[1]]))
+            o_proj = HeadsOut((c.num_heads, c.head_dim, c.width), name=_name("attn_vec_einsum", i))
+            out.append(o_proj(encoded[:, start : start + x.shape[1]]))
             start += x.shape[1]
         return out, (k_new, v_new)
 
@@ -309,10 +344,37 @@ class Gemma(nn.Module):
         ]
 
 
-def unstack_layers(layers: dict) -> tuple[dict, ...]:
-    """Stacked layer params -> a tuple of per-layer trees (the layout `run_layers` runs fastest on)."""
-    depth = jax.tree.leaves(layers)[0].shape[0]
-    return tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(depth))
+# Runtime layout of the attention weights: which openpi axis (D) moves to the front.
+_D_AXIS = {"q_einsum": 1, "kv_einsum": 2}
+
+
+def _d_axis(path) -> int | None:
+    """The openpi axis of D if `path` is an attention q/kv weight (of any expert), else None."""
+    *_, module, leaf = (k.key for k in path)
+    return _D_AXIS.get(re.sub(r"_\d+$", "", module)) if leaf == "w" else None
+
+
+def runtime_layers(layers: dict) -> tuple[dict, ...]:
+    """openpi's stacked layer params -> a tuple of per-layer trees in the runtime layout."""
+
+    def layer(i):
+        def convert(path, x):
+            axis = _d_axis(path)
+            return x[i] if axis is None else jnp.moveaxis(x[i], axis, 0)
+
+        return jax.tree_util.tree_map_with_path(convert, layers)
+
+    return tuple(layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0]))
+
+
+def openpi_layers(layers: Sequence[dict]) -> dict:
+    """The inverse of `runtime_layers`: per-layer runtime trees -> openpi's stacked tree."""
+
+    def convert(path, *xs):
+        axis = _d_axis(path)
+        return jnp.stack(xs if axis is None else [jnp.moveaxis(x, 0, axis) for x in xs])
+
+    return jax.tree_util.tree_map_with_path(convert, *layers)
 
 
 def run_layers(
@@ -328,7 +390,8 @@ def run_layers(
 ) -> tuple[list[jax.Array | None], list[tuple[jax.Array, jax.Array]]]:
     """Runs every expert's tokens through the stack (not final-normed).
 
-    layers: per-layer param trees, or openpi's stacked tree (sliced here, which copies weights);
+    layers: per-layer param trees in the runtime layout, or openpi's stacked tree (converted here, which
+    copies weights);
     embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
     kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
     [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
@@ -336,7 +399,7 @@ def run_layers(
     updated cache).
     """
     if isinstance(layers, dict):
-        layers = unstack_layers(layers)
+        layers = runtime_layers(layers)
     xs = [None if e is None else e.astype(dtype) for e in embedded]
     if adarms_cond is None:
         adarms_cond = [None] * len(configs)

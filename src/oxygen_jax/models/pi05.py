@@ -129,7 +129,7 @@ def _init_outside_layers(config: Pi05Config, keys: jax.Array, dtype: str) -> dic
 def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype: str = "float32") -> dict:
     """Random params with openpi's initializers, created in `dtype`.
 
-    stacked=True: openpi's tree; stacked=False: the engine's per-layer layout (`unstack_layers`). Each
+    stacked=True: openpi's tree; stacked=False: the engine's runtime layout (`runtime_layout`). Each
     layer comes from its own call of one compiled init, so memory peaks at the params plus one layer's
     temporaries: the full model never holds a float32 copy, nor its layers twice.
     """
@@ -138,9 +138,7 @@ def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype:
         _init_layer(config, key, dtype) for key in jax.random.split(keys[0], config.paligemma.depth)
     )
     params = _init_outside_layers(config, keys, dtype)
-    params["PaliGemma"]["llm"]["layers"] = (
-        jax.tree.map(lambda *x: jnp.stack(x), *layers) if stacked else layers
-    )
+    params["PaliGemma"]["llm"]["layers"] = gemma.openpi_layers(layers) if stacked else layers
     return params
 
 
@@ -153,13 +151,13 @@ def cast_params(params: dict, dtype) -> dict:
     return jax.tree.map(lambda x: x.astype(dtype), params)
 
 
-def unstack_layers(params: dict) -> dict:
-    """The runtime layout: the Gemma layers as a tuple of per-layer trees (see `gemma.unstack_layers`).
-    Every function here takes either layout; the engine keeps this one."""
+def runtime_layout(params: dict) -> dict:
+    """The Gemma layers as a tuple of per-layer trees, attention weights D-first (see
+    `gemma.runtime_layers`). Every function here takes either layout; the engine keeps this one."""
     llm = params["PaliGemma"]["llm"]
     if not isinstance(llm["layers"], dict):
         return params
-    llm = {**llm, "layers": gemma.unstack_layers(llm["layers"])}
+    llm = {**llm, "layers": gemma.runtime_layers(llm["layers"])}
     return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
 
 
