@@ -2,11 +2,12 @@
 
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 
 from oxygen_jax import checkpoints, config
-from oxygen_jax.models import inputs
+from oxygen_jax.models import gemma, inputs
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 
@@ -34,3 +35,13 @@ def model_io():
 @pytest.fixture(scope="session")
 def golden_obs(model_io, tiny_config):
     return inputs.observation_from_arrays(golden_inputs(model_io), tiny_config)
+
+
+@pytest.fixture
+def cpu_threads(request, monkeypatch):
+    """The core count `gemma.matmul` splits one-row matmuls over (parametrize indirectly). JAX's trace
+    caches do not see it, so they are cleared on the way in and out."""
+    monkeypatch.setattr(gemma, "_cpu_threads", lambda: request.param)
+    jax.clear_caches()
+    yield request.param
+    jax.clear_caches()

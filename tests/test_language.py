@@ -74,7 +74,12 @@ def test_bidirectional_teacher_forcing_matches_openpi(engine, golden_obs, text_o
 
 
 @pytest.mark.parametrize("case", ["elem0", "elem0_subtask_prompt"])
-def test_causal_text_matches_oxygen_reference(golden_params, tiny_config, model_io, text_oxygen, case):
+@pytest.mark.parametrize("cpu_threads", [1, 4], indirect=True)
+def test_causal_text_matches_oxygen_reference(
+    golden_params, tiny_config, model_io, text_oxygen, case, cpu_threads
+):
+    """One request decoded alone; with cpu_threads > 1 its matvecs run split over that many cores
+    (`gemma.matmul`), which must not change the text."""
     causal = Engine(
         golden_params, dataclasses.replace(tiny_config, prefix_attention="causal_text"), eos_id=-1
     )

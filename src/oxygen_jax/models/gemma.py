@@ -25,6 +25,9 @@ Checkpoints keep openpi's stacked layout; `runtime_layers` and `openpi_layers` c
 """
 
 import dataclasses
+import functools
+import math
+import os
 import re
 from collections.abc import Sequence
 
@@ -51,33 +54,52 @@ def _name(base: str, expert: int) -> str:
     return base if expert == 0 else f"{base}_{expert}"
 
 
-class Einsum(nn.Module):
-    """A single weight `w` applied with an einsum, cast to the activation dtype."""
+@functools.cache
+def _cpu_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _matvec_parts(rows: int, k: int) -> int:
+    """How many parts a matmul's contraction is split into (1: not split); see `matmul`."""
+    if rows != 1 or jax.default_backend() != "cpu":
+        return 1
+    return math.gcd(k, _cpu_threads())
+
+
+def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """x [..., K] @ w [K, N].
+
+    XLA:CPU runs a one-row matmul (a decode step at batch 1) on one core, but spreads a batched matmul
+    over its threads. On CPU a single row therefore goes as one matmul batched over K split into as
+    many parts as there are cores, summed after: the weight is only viewed, not copied, and a decode
+    step's matvecs stream twice as fast on two cores.
+    """
+    parts = _matvec_parts(math.prod(x.shape[:-1]), w.shape[0])
+    if parts == 1:
+        return jnp.dot(x, w)
+    k, n = w.shape
+    y = jnp.einsum("CBK,CKN->CBN", x.reshape(parts, 1, k // parts), w.reshape(parts, k // parts, n))
+    return jnp.sum(y, axis=0).reshape(*x.shape[:-1], n)
+
+
+class Projection(nn.Module):
+    """A weight `w` [*in, *out] contracting x's trailing `in_dims` dims, run as one 2-D `matmul`.
+
+    Flattening matters on CPU: jnp.einsum("BTNH,NHD->BTD") contracts (H, N) in that order, so XLA:CPU
+    copies the weight transposed on every call, while the flattened matmul reads it as stored.
+    """
 
     shape: tuple[int, ...]
     init_fn: nn.initializers.Initializer
-
-    @nn.compact
-    def __call__(self, eqn: str, x: jax.Array) -> jax.Array:
-        w = self.param("w", self.init_fn, self.shape)
-        return jnp.einsum(eqn, x, w.astype(x.dtype))
-
-
-class HeadsOut(nn.Module):
-    """The attention output projection [..., N, H] -> [..., D] as one matmul over N * H.
-
-    jnp.einsum("BTNH,NHD->BTD") contracts (H, N) in that order, so XLA:CPU transposes the weight (and
-    the activations) on every call; flattening N * H reads the weight as stored.
-    """
-
-    shape: tuple[int, int, int]
+    in_dims: int = 1
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
-        init = nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1)
-        w = self.param("w", init, self.shape).astype(x.dtype)
-        heads, head_dim, width = self.shape
-        return jnp.dot(x.reshape(*x.shape[:-2], heads * head_dim), w.reshape(heads * head_dim, width))
+        w = self.param("w", self.init_fn, self.shape).astype(x.dtype)
+        fan_in = math.prod(self.shape[: self.in_dims])
+        batch = x.shape[: x.ndim - self.in_dims]
+        y = matmul(x.reshape(*batch, fan_in), w.reshape(fan_in, -1))
+        return y.reshape(*batch, *self.shape[self.in_dims :])
 
 
 class RMSNorm(nn.Module):
@@ -120,7 +142,7 @@ class FeedForward(nn.Module):
         w_linear = self.param(
             "linear", nn.initializers.lecun_normal(in_axis=-2, out_axis=-1), (self.mlp_dim, self.width)
         ).astype(x.dtype)
-        return jnp.dot(hidden, w_linear)
+        return matmul(hidden, w_linear)
 
 
 def _split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -155,9 +177,16 @@ def apply_rope(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_00
 
 
 def write_columns(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """cache [B, S, K, H] with new [B, T, K, H] at columns start[b] + t (start >= S: row not written)."""
+    """cache [B, S, K, H] with new [B, T, K, H] at columns start[b] + t (start >= S: row not written).
+
+    A single update (B = T = 1, decoding one request) is written twice to the same column. XLA:CPU turns a
+    one-update scatter into a dynamic-update-slice and fuses a copy of it into every reader, which copies
+    each K/V buffer four times per decode step; two equal updates stay a scatter, updated in place.
+    """
     rows = jnp.arange(cache.shape[0])[:, None]
     cols = start[:, None] + jnp.arange(new.shape[1])[None, :]
+    if cols.size == 1:
+        cols, new = jnp.concatenate([cols, cols], axis=1), jnp.concatenate([new, new], axis=1)
     return cache.at[rows, cols].set(new.astype(cache.dtype), mode="drop")
 
 
@@ -192,7 +221,7 @@ class Attention(nn.Module):
             if x is None:
                 continue
             # Runtime layout, D first (see the module docstring): both are plain matmuls.
-            q_proj = Einsum(
+            q_proj = Projection(
                 (c.width, c.num_heads, c.head_dim),
                 _moved_init(
                     nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
@@ -201,7 +230,7 @@ class Attention(nn.Module):
                 ),
                 name=_name("q_einsum", i),
             )
-            kv_proj = Einsum(
+            kv_proj = Projection(
                 (c.width, 2, c.num_kv_heads, c.head_dim),
                 _moved_init(
                     nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
@@ -210,8 +239,8 @@ class Attention(nn.Module):
                 ),
                 name=_name("kv_einsum", i),
             )
-            qs.append(q_proj("BTD,DNH->BTNH", x))
-            k, v = jnp.moveaxis(kv_proj("BSD,D2KH->BS2KH", x), 2, 0)
+            qs.append(q_proj(x))
+            k, v = jnp.moveaxis(kv_proj(x), 2, 0)
             ks.append(k)
             vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
@@ -261,7 +290,12 @@ class Attention(nn.Module):
             if x is None:
                 out.append(None)
                 continue
-            o_proj = HeadsOut((c.num_heads, c.head_dim, c.width), name=_name("attn_vec_einsum", i))
+            o_proj = Projection(
+                (c.num_heads, c.head_dim, c.width),
+                nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1),
+                in_dims=2,
+                name=_name("attn_vec_einsum", i),
+            )
             out.append(o_proj(encoded[:, start : start + x.shape[1]]))
             start += x.shape[1]
         return out, (k_new, v_new)
@@ -333,7 +367,16 @@ class Gemma(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Tied language head: final-normed hidden [..., D] -> float32 logits [..., vocab]."""
         table = self.embedder.table.astype(hidden.dtype)
-        return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
+        vocab, width = table.shape
+        parts = _matvec_parts(math.prod(hidden.shape[:-1]), vocab)
+        if parts == 1:
+            return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
+        # One row on CPU: batched over vocabulary slices so it runs on every core (see `matmul`).
+        row = jnp.broadcast_to(hidden.reshape(1, 1, width), (parts, 1, width))
+        logits = jnp.einsum(
+            "CBD,CVD->CBV", row, table.reshape(parts, -1, width), preferred_element_type=jnp.float32
+        )
+        return logits.reshape(*hidden.shape[:-1], vocab)
 
     def final_norm(
         self, xs: Sequence[jax.Array | None], adarms_cond: Sequence[jax.Array | None]
