@@ -177,16 +177,9 @@ def apply_rope(x: jax.Array, positions: jax.Array, max_wavelength: float = 10_00
 
 
 def write_columns(cache: jax.Array, new: jax.Array, start: jax.Array) -> jax.Array:
-    """cache [B, S, K, H] with new [B, T, K, H] at columns start[b] + t (start >= S: row not written).
-
-    A single update (B = T = 1, decoding one request) is written twice to the same column. XLA:CPU turns a
-    one-update scatter into a dynamic-update-slice and fuses a copy of it into every reader, which copies
-    each K/V buffer four times per decode step; two equal updates stay a scatter, updated in place.
-    """
+    """cache [B, S, K, H] with new [B, T, K, H] at columns start[b] + t (start >= S: row not written)."""
     rows = jnp.arange(cache.shape[0])[:, None]
     cols = start[:, None] + jnp.arange(new.shape[1])[None, :]
-    if cols.size == 1:
-        cols, new = jnp.concatenate([cols, cols], axis=1), jnp.concatenate([new, new], axis=1)
     return cache.at[rows, cols].set(new.astype(cache.dtype), mode="drop")
 
 
