@@ -110,15 +110,23 @@ def _load(spec: dict) -> str:
     return f"{spec['arrivals']} {spec['rate']:g}"
 
 
+def _rates(rates: dict[str, float]) -> str:
+    return ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in rates.items())
+
+
 def markdown(runs: list[dict], roof: dict, quick: dict) -> str:
     lines = [f"# Benchmark results: {quick['config']} on {roof['device_kind']} ({roof['dtype']})", ""]
     m = roof["machine"]
     lines += [
-        f"Machine: matmul {m['matmul_flops_per_s'] / 1e9:.1f} GFLOP/s, bandwidth "
-        f"{m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; the model's MLP weights stream through the dot "
-        "kernels at "
-        + ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in roof["mlp_stream_bytes_per_s"].items())
-        + ".",
+        f"Machine: {roof.get('processor', roof['device_kind'])}; matmul {m['matmul_flops_per_s'] / 1e9:.1f} "
+        f"GFLOP/s, bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; the model's MLP weights stream "
+        f"through the dot kernels at {_rates(roof['mlp_stream_bytes_per_s'])}.",
+    ]
+    if "blas_stream_bytes_per_s" in roof:
+        lines.append(
+            f"The same matmuls in numpy's BLAS ({roof['blas']}): {_rates(roof['blas_stream_bytes_per_s'])}."
+        )
+    lines += [
         "",
         "| phase | measured ms | floor ms | bound | x floor | stream floor ms | x stream floor |",
         "|---|---|---|---|---|---|---|",

@@ -6,6 +6,9 @@ memory bandwidth are measured in the same process. The cost model turns the meas
 the frame time of each mode, and so into a bound on oxygen's speedup over isolated.
 """
 
+import functools
+import pathlib
+import platform
 import time
 
 import jax
@@ -13,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from oxygen_jax.benchmarks.spec import RunSpec, observation
+from oxygen_jax.engine import dot_kernels
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import gemma, inputs, siglip
 from oxygen_jax.models.pi05 import Pi05Config
@@ -38,7 +42,7 @@ def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     ffn = gemma.FeedForward(g.width, g.mlp_dim)
     mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]  # engine: per layer
 
-    @jax.jit
+    @functools.partial(jax.jit, compiler_options=dot_kernels.small_gemm_options())  # as decode compiles
     def chain(x, mlps):
         for mlp in mlps:
             x = x + ffn.apply({"params": mlp}, x)
@@ -50,6 +54,43 @@ def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
         x = jnp.ones((b, g.width), engine.config.dtype)
         rates[f"b{b}"] = nbytes / _best_s(lambda x=x: chain(x, mlps), reps=25)
     return rates
+
+
+def blas_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
+    """The rate `mlp_stream`'s matmuls reach in numpy's BLAS (CPU only): the same weights, shapes and
+    order without the activations. It tells whether a slow batch-b decode step is the engine's doing
+    or the machine's small-M GEMMs, which no CPU library on hand streams faster."""
+    mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]
+    weights = [
+        w
+        for mlp in mlps
+        for w in (*np.asarray(mlp["gating_einsum"], np.float32), np.asarray(mlp["linear"], np.float32))
+    ]
+    nbytes = sum(w.nbytes for w in weights)
+    rates = {}
+    for b in batches:
+        xs = {n: np.ones((b, n), np.float32) for n in {w.shape[0] for w in weights}}
+        rates[f"b{b}"] = nbytes / _best_s(lambda xs=xs: [xs[w.shape[0]] @ w for w in weights], reps=25)
+    return rates
+
+
+def blas_name() -> str:
+    """The BLAS numpy was built with (e.g. scipy-openblas)."""
+    return np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+
+
+def processor() -> str:
+    """The CPU's model name and widest vector ISA (results differ between, e.g., AVX2 and AVX-512 parts)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    isa = next((f for f in ("avx512f", "avx2", "neon", "asimd") if f in flags), "")
+    family = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
+    return ", ".join(x for x in (fields.get("model name", platform.machine()), family, isa) if x)
 
 
 def machine(dtype: str) -> dict[str, float]:
@@ -187,9 +228,13 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
         if name.startswith("decode_step_b"):  # the same bytes at the dot kernels' streaming rate
             stream_s = nbytes / stream[name.removeprefix("decode_step_")]
             phases[-1] |= {"stream_floor_ms": stream_s * 1e3, "x_stream_floor": seconds[name] / stream_s}
+    cpu = jax.default_backend() == "cpu"
+    blas = {"blas": blas_name(), "blas_stream_bytes_per_s": blas_stream(engine, batches)} if cpu else {}
     return {
+        "processor": processor(),
         "machine": peaks,
         "mlp_stream_bytes_per_s": stream,
+        **blas,
         "phases": phases,
         "phase_ms": {k: s * 1e3 for k, s in seconds.items()},
         "cost_model": cost_model(seconds, spec),

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oxygen_jax.engine import batch_state, language
+from oxygen_jax.engine import batch_state, dot_kernels, language
 from oxygen_jax.models import pi05
 
 
@@ -38,7 +38,12 @@ class Engine:
         self._generate = jax.jit(language.generate, static_argnums=(1, 3, 8))
         self._score = jax.jit(language.score, **static)
         self._insert = jax.jit(batch_state.insert, donate_argnums=0)
-        self._decode = jax.jit(batch_state.decode, static_argnums=(1, 4), donate_argnums=2)
+        self._decode = jax.jit(
+            batch_state.decode,
+            static_argnums=(1, 4),
+            donate_argnums=2,
+            compiler_options=dot_kernels.small_gemm_options(),
+        )
         self._evict = jax.jit(batch_state.evict, donate_argnums=0)
         self._select_rows = jax.jit(batch_state.select_rows)
 
