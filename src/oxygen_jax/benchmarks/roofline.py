@@ -59,7 +59,7 @@ def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
 def blas_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     """The rate `mlp_stream`'s matmuls reach in numpy's BLAS (CPU only): the same weights, shapes and
     order without the activations. It tells whether a slow batch-b decode step is the engine's doing
-    or the machine's small-M GEMMs, which no CPU library on hand streams faster."""
+    or the machine's small-M GEMMs."""
     mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]
     weights = [
         w
