@@ -33,6 +33,11 @@ def _best_s(fn, reps: int = 7) -> float:
     return min(times)
 
 
+def _backbone_mlps(engine: Engine) -> list[dict]:
+    """Each backbone layer's MLP params (the engine holds its layers as per-layer trees)."""
+    return [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]
+
+
 def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     """Bytes/s at which the backend's dot kernels stream this model's MLP weights at each decode batch b:
     every backbone layer's gated MLP (the model's own code, two thirds of a decode step's bytes) as a
@@ -40,7 +45,7 @@ def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     it is the floor the kernels set (on XLA:CPU, b = 1 runs GEMVs and b > 1 GEMMs)."""
     g = engine.config.paligemma
     ffn = gemma.FeedForward(g.width, g.mlp_dim)
-    mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]  # engine: per layer
+    mlps = _backbone_mlps(engine)
 
     @functools.partial(jax.jit, compiler_options=dot_kernels.small_gemm_options())  # as decode compiles
     def chain(x, mlps):
@@ -60,7 +65,7 @@ def blas_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     """The rate `mlp_stream`'s matmuls reach in numpy's BLAS (CPU only): the same weights, shapes and
     order without the activations. It tells whether a slow batch-b decode step is the engine's doing
     or the machine's small-M GEMMs."""
-    mlps = [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]
+    mlps = _backbone_mlps(engine)
     weights = [
         w
         for mlp in mlps
