@@ -12,12 +12,12 @@ from oxygen_jax.tokenizer import Tokenizer
 
 
 def define_config_flag(default: str) -> flags.FlagHolder:
-    """`--config=pi05_tiny` (a name under configs/) or a path; `--config.model.x=...` overrides."""
+    """`--config=pi05_tiny` (a name under oxygen_jax/configs/) or a path; `--config.model.x=...` overrides."""
     return config_flags.DEFINE_config_file("config", config.config_path(default), "Config name or file.")
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flags parser that maps `--config=<name>` to `configs/<name>.py` before parsing."""
+    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ before parsing."""
     rewritten = [
         "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
         for arg in argv

@@ -1,4 +1,4 @@
-"""Config helpers: the shared base of every `configs/*.py` file and its conversion to `Pi05Config`.
+"""Config helpers: the shared base of every `oxygen_jax/configs/*.py` file and its conversion to `Pi05Config`.
 
 Configs are ml_collections ConfigDicts (data, overridable from the command line as
 `--config.model.action_horizon=16`); the model only ever sees the frozen `Pi05Config` built here.
@@ -12,7 +12,8 @@ import ml_collections
 from oxygen_jax.models import gemma, pi05, siglip
 
 IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
-CONFIGS_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
+# Shipped inside the package, so an installed wheel finds them by name as an editable checkout does.
+CONFIGS_DIR = pathlib.Path(__file__).resolve().parent / "configs"
 
 _GEMMA_VARIANTS = {
     "dummy": dict(width=64, depth=4, mlp_dim=128, num_heads=8, num_kv_heads=1, head_dim=16),
@@ -82,14 +83,18 @@ def model_config(cfg: ml_collections.ConfigDict) -> pi05.Pi05Config:
     )
 
 
+def known_configs() -> list[str]:
+    """Names `--config` accepts (the files shipped in oxygen_jax/configs/)."""
+    return sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if p.stem != "__init__")
+
+
 def config_path(name_or_path: str) -> str:
-    """`pi05_tiny` -> `<repo>/configs/pi05_tiny.py`; paths (with a `:arg` suffix) pass through."""
+    """`pi05_tiny` -> `oxygen_jax/configs/pi05_tiny.py`; paths (with a `:arg` suffix) pass through."""
     path, sep, arg = name_or_path.partition(":")
     if not path.endswith(".py"):
         candidate = CONFIGS_DIR / f"{path}.py"
         if not candidate.exists():
-            known = sorted(p.stem for p in CONFIGS_DIR.glob("*.py"))
-            raise FileNotFoundError(f"no config named {path!r}; known configs: {known}")
+            raise FileNotFoundError(f"no config named {path!r}; known configs: {', '.join(known_configs())}")
         path = str(candidate)
     return path + sep + arg
 

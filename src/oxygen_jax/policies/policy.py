@@ -242,7 +242,7 @@ def create_policy(
     params_dtype: str | None = "bfloat16",
     overrides: Mapping[str, Any] | None = None,
 ) -> Policy:
-    """A policy for `configs/<config_name>.py` (its `robot` picks the transforms) on an openpi checkpoint.
+    """A policy for the config `<config_name>` (its `robot` picks the transforms) on an openpi checkpoint.
 
     Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json`, as openpi's
     `create_trained_policy`, which also restores params as bfloat16: `params_dtype="bfloat16"` replicates

@@ -1,0 +1,53 @@
+"""The project as a user installs it: a built wheel (not the checkout) finds its configs by name."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> pathlib.Path:
+    """The wheel built from this checkout, installed (without dependencies) into a fresh folder."""
+    tmp = tmp_path_factory.mktemp("wheel")
+    # setuptools builds in the source folder: build from a copy of what the wheel is made of.
+    project = tmp / "project"
+    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, project / name)
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(project)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (tmp / "dist").glob("oxygen_jax-*.whl")
+    site = tmp / "site"
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)]
+    subprocess.run(install, capture_output=True, text=True, timeout=600, check=True)
+    return site
+
+
+def test_installed_wheel_loads_a_config_by_name(installed, tmp_path):
+    code = (
+        "import oxygen_jax, oxygen_jax.config as c; cfg = c.load_config('pi05_tiny'); "
+        "print(oxygen_jax.__file__); print(cfg.name, cfg.model.action_horizon, c.known_configs())"
+    )
+    # The wheel's folder first on the path, run away from the checkout: nothing is read from src/.
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr
+    package_file, loaded = run.stdout.splitlines()
+    assert pathlib.Path(package_file).is_relative_to(installed)
+    assert loaded.startswith("pi05_tiny 10 [")
+    for name in ("pi05", "pi05_aloha", "pi05_cpu", "pi05_droid", "pi05_libero", "pi05_tiny"):
+        assert repr(name) in loaded
