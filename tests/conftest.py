@@ -2,12 +2,11 @@
 
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 
 from oxygen_jax import checkpoints, config
-from oxygen_jax.models import gemma, inputs
+from oxygen_jax.models import inputs
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 
@@ -35,13 +34,3 @@ def model_io():
 @pytest.fixture(scope="session")
 def golden_obs(model_io, tiny_config):
     return inputs.observation_from_arrays(golden_inputs(model_io), tiny_config)
-
-
-@pytest.fixture
-def cpu_threads(request, monkeypatch):
-    """The core count `gemma.matmul` splits one-row matmuls over (parametrize indirectly). JAX's trace
-    caches do not see it, so they are cleared on the way in and out."""
-    monkeypatch.setattr(gemma, "_cpu_threads", lambda: request.param)
-    jax.clear_caches()
-    yield request.param
-    jax.clear_caches()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, golden_inputs
 
+from oxygen_jax.engine import kernels
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs, pi05
 
@@ -74,14 +75,17 @@ def test_bidirectional_teacher_forcing_matches_openpi(engine, golden_obs, text_o
 
 
 @pytest.mark.parametrize("case", ["elem0", "elem0_subtask_prompt"])
-@pytest.mark.parametrize("cpu_threads", [1, 4], indirect=True)
+@pytest.mark.parametrize("matvec_split", [1, 4])
 def test_causal_text_matches_oxygen_reference(
-    golden_params, tiny_config, model_io, text_oxygen, case, cpu_threads
+    golden_params, tiny_config, model_io, text_oxygen, case, matvec_split
 ):
-    """One request decoded alone; with cpu_threads > 1 its matvecs run split over that many cores
-    (`gemma.matmul`), which must not change the text."""
+    """One request decoded alone; with matvec_split > 1 its one-row matmuls run split over that many
+    cores (`KernelPolicy.matmul`), which must not change the text."""
     causal = Engine(
-        golden_params, dataclasses.replace(tiny_config, prefix_attention="causal_text"), eos_id=-1
+        golden_params,
+        dataclasses.replace(tiny_config, prefix_attention="causal_text"),
+        eos_id=-1,
+        kernel_policy=kernels.KernelPolicy(matvec_split=matvec_split),
     )
     arrays = {k: v[:1] for k, v in golden_inputs(model_io).items()}
     if case == "elem0_subtask_prompt":

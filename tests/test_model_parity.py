@@ -11,7 +11,7 @@ from conftest import GOLDEN
 
 from oxygen_jax import config
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.models import gemma, pi05
+from oxygen_jax.models import pi05
 
 ATOL_HIDDEN = 2e-5  # prefix tokens, KV cache, hidden states, v_t (README tolerances)
 ATOL_ACTIONS = 1e-4
@@ -50,22 +50,6 @@ def test_runtime_layout_is_openpi_layout_per_layer_and_d_first(tiny_config):
         np.testing.assert_array_equal(
             layer["mlp"]["linear"], stacked["PaliGemma"]["llm"]["layers"]["mlp"]["linear"][i]
         )
-
-
-@pytest.mark.parametrize("cpu_threads", [1, 2, 3, 4], indirect=True)
-def test_one_row_matmul_splits_its_contraction_over_cores(cpu_threads):
-    """A single row runs as a matmul batched over gcd(K, cores) slices of K (XLA:CPU spreads a batch over
-    its threads, not a matvec), and sums to the plain product; more rows are left alone."""
-    x = jax.random.normal(jax.random.key(0), (1, 1, 64))  # one row
-    w = jax.random.normal(jax.random.key(1), (64, 48))
-    np.testing.assert_allclose(gemma.matmul(x, w), x @ w, rtol=0, atol=1e-5)
-    parts = math.gcd(64, cpu_threads)
-    jaxpr = str(jax.make_jaxpr(gemma.matmul)(x, w))
-    if parts == 1:
-        assert "reduce_sum" not in jaxpr
-    else:  # one product per slice of K, then their sum
-        assert f"f32[{parts},1,48] = dot_general" in jaxpr and "reduce_sum" in jaxpr
-    assert "reduce_sum" not in str(jax.make_jaxpr(gemma.matmul)(jnp.ones((3, 64)), w))
 
 
 def test_full_param_tree_matches_openpi_without_allocating():

@@ -2,13 +2,10 @@
 
 import dataclasses
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import GOLDEN, golden_inputs
 
-from oxygen_jax.engine import dot_kernels
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
@@ -223,21 +220,3 @@ def test_warmup_sizes_the_state_to_the_robots_prefix(engine, variants):
     assert result.actions and manager.active == 1
     with pytest.raises(ValueError, match="does not fit the batch state"):  # all three cameras: too wide
         scheduler.step([FrameInput(variants[0], requests=[TextRequest(1, MAX_NEW)])])
-
-
-def test_batched_decode_compiles_with_eigen_dots_on_cpu(engine, monkeypatch):
-    """The batch state's decode runs Eigen's GEMMs (faster at small M), everything else XLA's default
-    YNNPACK dots; an XLA without the option keeps its defaults instead of failing."""
-    state = engine.init_state(4, MAX_NEW, engine.config.prefix_len)
-    decode = engine._decode.lower(engine.params, engine.config, state, jnp.int32(1), engine.eos_id)
-    matvec = jax.jit(jnp.dot).lower(jnp.ones((4, 64)), jnp.ones((64, 64)))
-    assert dot_kernels.small_gemm_options() == {"xla_cpu_experimental_ynn_fusion_type": ""}
-    assert "__ynn_fusion" not in decode.compile().as_text()
-    assert "__ynn_fusion" in matvec.compile().as_text()  # the check above can fail: YNNPACK is the default
-
-    dot_kernels.small_gemm_options.cache_clear()
-    monkeypatch.setattr(dot_kernels, "_EIGEN_DOTS", {"xla_cpu_no_such_option": ""})
-    try:
-        assert dot_kernels.small_gemm_options() == {}
-    finally:
-        dot_kernels.small_gemm_options.cache_clear()

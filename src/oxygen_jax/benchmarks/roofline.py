@@ -16,7 +16,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from oxygen_jax.benchmarks.spec import RunSpec, observation
-from oxygen_jax.engine import dot_kernels
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import gemma, inputs, siglip
 from oxygen_jax.models.pi05 import Pi05Config
@@ -44,10 +43,10 @@ def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:
     chain on [b, D] inputs, nothing else. A decode step cannot stream its weights faster than this, so
     it is the floor the kernels set (on XLA:CPU, b = 1 runs GEMVs and b > 1 GEMMs)."""
     g = engine.config.paligemma
-    ffn = gemma.FeedForward(g.width, g.mlp_dim)
+    ffn = gemma.FeedForward(g.width, g.mlp_dim, engine.config.kernels)
     mlps = _backbone_mlps(engine)
 
-    @functools.partial(jax.jit, compiler_options=dot_kernels.small_gemm_options())  # as decode compiles
+    @functools.partial(jax.jit, compiler_options=dict(engine.config.kernels.decode_options))  # as decode
     def chain(x, mlps):
         for mlp in mlps:
             x = x + ffn.apply({"params": mlp}, x)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oxygen_jax.engine import batch_state, dot_kernels, language
+from oxygen_jax.engine import batch_state, kernels, language
 from oxygen_jax.models import pi05
 
 
@@ -25,9 +25,17 @@ class Engine:
     """pi0.5 params + config, with every entry point jitted once."""
 
     def __init__(
-        self, params: dict, config: pi05.Pi05Config, *, eos_id: int = 1, skip_masked_cameras: bool = True
+        self,
+        params: dict,
+        config: pi05.Pi05Config,
+        *,
+        eos_id: int = 1,
+        skip_masked_cameras: bool = True,
+        kernel_policy: kernels.KernelPolicy | None = None,
     ):
-        self.config = config
+        """kernel_policy: how the large dots run (default: the one for this backend and its cores)."""
+        kernel_policy = kernel_policy or kernels.for_backend()
+        self.config = dataclasses.replace(config, kernels=kernel_policy)
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
         self.params = jax.device_put(pi05.runtime_layout(pi05.cast_params(params, config.dtype)))
@@ -42,7 +50,7 @@ class Engine:
             batch_state.decode,
             static_argnums=(1, 4),
             donate_argnums=2,
-            compiler_options=dot_kernels.small_gemm_options(),
+            compiler_options=dict(kernel_policy.decode_options),
         )
         self._evict = jax.jit(batch_state.evict, donate_argnums=0)
         self._select_rows = jax.jit(batch_state.select_rows)

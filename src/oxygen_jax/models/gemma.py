@@ -25,11 +25,10 @@ Checkpoints keep openpi's stacked layout; `runtime_layers` and `openpi_layers` c
 """
 
 import dataclasses
-import functools
 import math
-import os
 import re
 from collections.abc import Sequence
+from typing import Protocol
 
 import flax.linen as nn
 import jax
@@ -54,43 +53,44 @@ def _name(base: str, expert: int) -> str:
     return base if expert == 0 else f"{base}_{expert}"
 
 
-@functools.cache
-def _cpu_threads() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+class Kernels(Protocol):
+    """How the large dots run. The model is written against this hook; the engine passes a policy chosen
+    for its backend (engine/kernels.py), and `PlainKernels` is the backend-neutral default."""
+
+    def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """x [..., K] @ w [K, N]."""
+
+    def gating(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """x [..., D] against both of w [2, D, F] -> [2, ..., F]."""
+
+    def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
+        """hidden [..., D] against the embedding table [V, D] -> float32 logits [..., V]."""
 
 
-def _matvec_parts(rows: int, k: int) -> int:
-    """How many parts a matmul's contraction is split into (1: not split); see `matmul`."""
-    if rows != 1 or jax.default_backend() != "cpu":
-        return 1
-    return math.gcd(k, _cpu_threads())
+@dataclasses.dataclass(frozen=True)
+class PlainKernels:
+    """Each dot as one einsum, as openpi writes it."""
 
-
-def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """x [..., K] @ w [K, N].
-
-    XLA:CPU runs a one-row matmul (a decode step at batch 1) on one core, but spreads a batched matmul
-    over its threads. On CPU a single row therefore goes as one matmul batched over K split into as
-    many parts as there are cores, summed after. The weight is only viewed, not copied; on two cores a
-    decode step's MLP matvecs run 1.6x as fast.
-    """
-    parts = _matvec_parts(math.prod(x.shape[:-1]), w.shape[0])
-    if parts == 1:
+    def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
         return jnp.dot(x, w)
-    k, n = w.shape
-    y = jnp.einsum("CBK,CKN->CBN", x.reshape(parts, 1, k // parts), w.reshape(parts, k // parts, n))
-    return jnp.sum(y, axis=0).reshape(*x.shape[:-1], n)
+
+    def gating(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        return jnp.einsum("...D,CDF->C...F", x, w)
+
+    def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
+        return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
+
+
+PLAIN_KERNELS = PlainKernels()
 
 
 class Projection(nn.Module):
-    """A weight `w` [*in, *out] contracting x's trailing `in_dims` dims, run as one 2-D `matmul`.
-
-    Flattening matters on CPU: jnp.einsum("BTNH,NHD->BTD") contracts (H, N) in that order, so XLA:CPU
-    copies the weight transposed on every call, while the flattened matmul reads it as stored.
-    """
+    """A weight `w` [*in, *out] contracting x's trailing `in_dims` dims, run as one 2-D matmul that reads
+    the weight as stored (an einsum contracting (N, H) of a [N, H, D] weight may copy it transposed)."""
 
     shape: tuple[int, ...]
     init_fn: nn.initializers.Initializer
+    kernels: Kernels
     in_dims: int = 1
 
     @nn.compact
@@ -98,7 +98,7 @@ class Projection(nn.Module):
         w = self.param("w", self.init_fn, self.shape).astype(x.dtype)
         fan_in = math.prod(self.shape[: self.in_dims])
         batch = x.shape[: x.ndim - self.in_dims]
-        y = matmul(x.reshape(*batch, fan_in), w.reshape(fan_in, -1))
+        y = self.kernels.matmul(x.reshape(*batch, fan_in), w.reshape(fan_in, -1))
         return y.reshape(*batch, *self.shape[self.in_dims :])
 
 
@@ -127,6 +127,7 @@ class FeedForward(nn.Module):
 
     width: int
     mlp_dim: int
+    kernels: Kernels
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -135,14 +136,12 @@ class FeedForward(nn.Module):
             nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
             (2, self.width, self.mlp_dim),
         ).astype(x.dtype)
-        # One dot batched over the pair (leading dim of both operands): slicing w_gating[0] / [1], or a
-        # dot contracting the weight's middle dim, would copy the weights.
-        gate, up = jnp.einsum("C...D,CDF->C...F", jnp.broadcast_to(x, (2, *x.shape)), w_gating)
+        gate, up = self.kernels.gating(x, w_gating)
         hidden = nn.gelu(gate) * up
         w_linear = self.param(
             "linear", nn.initializers.lecun_normal(in_axis=-2, out_axis=-1), (self.mlp_dim, self.width)
         ).astype(x.dtype)
-        return matmul(hidden, w_linear)
+        return self.kernels.matmul(hidden, w_linear)
 
 
 def _split(x: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -204,6 +203,7 @@ class Attention(nn.Module):
     """
 
     configs: tuple[GemmaConfig, ...]
+    kernels: Kernels
 
     @nn.compact
     def __call__(self, xs, positions, mask, kv_cache, write_idx=None):
@@ -221,6 +221,7 @@ class Attention(nn.Module):
                     (c.num_heads, c.width, c.head_dim),
                     axis=1,
                 ),
+                self.kernels,
                 name=_name("q_einsum", i),
             )
             kv_proj = Projection(
@@ -230,6 +231,7 @@ class Attention(nn.Module):
                     (2, c.num_kv_heads, c.width, c.head_dim),
                     axis=2,
                 ),
+                self.kernels,
                 name=_name("kv_einsum", i),
             )
             qs.append(q_proj(x))
@@ -286,6 +288,7 @@ class Attention(nn.Module):
             o_proj = Projection(
                 (c.num_heads, c.head_dim, c.width),
                 nn.initializers.lecun_normal(in_axis=(-3, -2), out_axis=-1),
+                self.kernels,
                 in_dims=2,
                 name=_name("attn_vec_einsum", i),
             )
@@ -301,9 +304,10 @@ def _gated_residual(x, y, gate):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer shared by all experts (scanned over depth)."""
+    """Pre-norm transformer layer shared by all experts."""
 
     configs: tuple[GemmaConfig, ...]
+    kernels: Kernels
 
     @nn.compact
     def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx=None):
@@ -312,7 +316,9 @@ class Block(nn.Module):
             n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
-        attn_out, new_kv = Attention(self.configs, name="attn")(normed, positions, mask, kv_cache, write_idx)
+        attn_out, new_kv = Attention(self.configs, self.kernels, name="attn")(
+            normed, positions, mask, kv_cache, write_idx
+        )
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
 
         ffn_out, gates = [], []
@@ -322,7 +328,7 @@ class Block(nn.Module):
                 gates.append(None)
                 continue
             n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, cond)
-            ffn_out.append(FeedForward(c.width, c.mlp_dim, name=_name("mlp", i))(n))
+            ffn_out.append(FeedForward(c.width, c.mlp_dim, self.kernels, name=_name("mlp", i))(n))
             gates.append(g)
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, ffn_out, gates, strict=True)]
         return xs, new_kv
@@ -347,6 +353,7 @@ class Gemma(nn.Module):
     configs: tuple[GemmaConfig, ...]
     vocab_size: int
     dtype: str
+    kernels: Kernels
 
     def setup(self):
         self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
@@ -359,17 +366,7 @@ class Gemma(nn.Module):
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Tied language head: final-normed hidden [..., D] -> float32 logits [..., vocab]."""
-        table = self.embedder.table.astype(hidden.dtype)
-        vocab, width = table.shape
-        parts = _matvec_parts(math.prod(hidden.shape[:-1]), vocab)
-        if parts == 1:
-            return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
-        # One row on CPU: batched over vocabulary slices so it runs on every core (see `matmul`).
-        row = jnp.broadcast_to(hidden.reshape(1, 1, width), (parts, 1, width))
-        logits = jnp.einsum(
-            "CBD,CVD->CBV", row, table.reshape(parts, -1, width), preferred_element_type=jnp.float32
-        )
-        return logits.reshape(*hidden.shape[:-1], vocab)
+        return self.kernels.tied_logits(hidden, self.embedder.table.astype(hidden.dtype))
 
     def final_norm(
         self, xs: Sequence[jax.Array | None], adarms_cond: Sequence[jax.Array | None]
@@ -416,6 +413,7 @@ def openpi_layers(layers: Sequence[dict]) -> dict:
 def run_layers(
     layers: dict | Sequence[dict],
     configs: tuple[GemmaConfig, ...],
+    kernels: Kernels,
     dtype: str,
     embedded: Sequence[jax.Array | None],
     positions: jax.Array,
@@ -439,7 +437,7 @@ def run_layers(
     xs = [None if e is None else e.astype(dtype) for e in embedded]
     if adarms_cond is None:
         adarms_cond = [None] * len(configs)
-    block = Block(configs)
+    block = Block(configs, kernels)
     new_kv = []
     for i, layer in enumerate(layers):
         layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])

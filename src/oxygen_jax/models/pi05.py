@@ -31,6 +31,8 @@ class Pi05Config:
     image_size: int
     dtype: str
     prefix_attention: str = "bidirectional"
+    # How the large dots run; the engine sets the policy of its backend (engine/kernels.py).
+    kernels: gemma.Kernels = gemma.PLAIN_KERNELS
 
     def __post_init__(self):
         if self.prefix_attention not in ("bidirectional", "causal_text"):
@@ -76,7 +78,9 @@ class PrefixCache:
 
 
 def _llm(config: Pi05Config) -> gemma.Gemma:
-    return gemma.Gemma((config.paligemma, config.action_expert), config.vocab_size, config.dtype)
+    return gemma.Gemma(
+        (config.paligemma, config.action_expert), config.vocab_size, config.dtype, config.kernels
+    )
 
 
 def _vision(config: Pi05Config) -> siglip.Siglip:
@@ -96,7 +100,7 @@ def _dummy_llm_inputs(config: Pi05Config):
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
     embedded, cond = _dummy_llm_inputs(config)
-    block = gemma.Block(_llm(config).configs)
+    block = gemma.Block(_llm(config).configs, config.kernels)
     params = block.init(rng, embedded, None, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond)
     return cast_params(params["params"], dtype)
 
@@ -177,6 +181,7 @@ def _run_llm(
     out, new_kv = gemma.run_layers(
         llm_params["layers"],
         llm.configs,
+        config.kernels,
         config.dtype,
         embedded,
         positions,

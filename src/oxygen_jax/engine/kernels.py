@@ -1,0 +1,88 @@
+"""How the model's large dots run on this backend: one static kernel policy, chosen at the engine.
+
+The model (models/gemma.py) runs every large dot through a `gemma.Kernels` hook and knows nothing of
+backends or cores. The engine builds a `KernelPolicy` once, from the backend and the process's cores,
+and puts it into the frozen model config, so it is part of every jit cache key: a different policy
+traces a different graph, never a stale one.
+
+What the policy changes, and why:
+- A one-row matmul (a decode step at batch 1) runs on one XLA:CPU thread, but XLA spreads a batched
+  matmul over its threads. So on CPU a single row goes as one matmul batched over slices of the
+  contraction (as many as the cores divide), summed after; the weight is only viewed, not copied.
+- The GeGLU's two input weights [2, D, F] run as one dot batched over the pair: slicing them, or a dot
+  contracting their middle dim, would copy the weights on every call.
+- The batched decode step is a chain of small-M GEMMs, which XLA:CPU runs faster with Eigen's GEMM than
+  with its default YNNPACK dots; the option is experimental, so it is used only where this XLA has it.
+"""
+
+import dataclasses
+import functools
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+
+_EIGEN_DOTS = (("xla_cpu_experimental_ynn_fusion_type", ""),)
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelPolicy:
+    """Static execution choices for one backend (implements `gemma.Kernels`).
+
+    matvec_split: cores a one-row matmul's contraction is spread over (1: a plain dot);
+    decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes).
+    """
+
+    matvec_split: int = 1
+    decode_options: tuple[tuple[str, str], ...] = ()
+
+    def _parts(self, rows: int, k: int) -> int:
+        return math.gcd(k, self.matvec_split) if rows == 1 else 1
+
+    def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """x [..., K] @ w [K, N]."""
+        parts = self._parts(math.prod(x.shape[:-1]), w.shape[0])
+        if parts == 1:
+            return jnp.dot(x, w)
+        k, n = w.shape
+        y = jnp.einsum("CBK,CKN->CBN", x.reshape(parts, 1, k // parts), w.reshape(parts, k // parts, n))
+        return jnp.sum(y, axis=0).reshape(*x.shape[:-1], n)
+
+    def gating(self, x: jax.Array, w: jax.Array) -> jax.Array:
+        """x [..., D] against both of w [2, D, F] -> [2, ..., F], as one dot batched over the pair."""
+        return jnp.einsum("C...D,CDF->C...F", jnp.broadcast_to(x, (2, *x.shape)), w)
+
+    def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
+        """hidden [..., D] against the embedding table [V, D] -> float32 logits [..., V]."""
+        vocab, width = table.shape
+        parts = self._parts(math.prod(hidden.shape[:-1]), vocab)
+        if parts == 1:
+            return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
+        # One row: batched over slices of the vocabulary, so it runs on every core.
+        row = jnp.broadcast_to(hidden.reshape(1, 1, width), (parts, 1, width))
+        logits = jnp.einsum(
+            "CBD,CVD->CBV", row, table.reshape(parts, -1, width), preferred_element_type=jnp.float32
+        )
+        return logits.reshape(*hidden.shape[:-1], vocab)
+
+
+def _cpu_threads() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def _supported(options: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """`options` if this XLA compiles with them, else none."""
+    try:
+        jax.jit(jnp.dot, compiler_options=dict(options)).lower(jnp.ones((2, 2)), jnp.ones((2, 2))).compile()
+    except RuntimeError:  # XLA's error for an unknown option
+        return ()
+    return options
+
+
+@functools.cache
+def for_backend(backend: str | None = None) -> KernelPolicy:
+    """The policy for `backend` (default: JAX's default backend) on this process's cores."""
+    if (backend or jax.default_backend()) != "cpu":
+        return KernelPolicy()
+    return KernelPolicy(matvec_split=_cpu_threads(), decode_options=_supported(_EIGEN_DOTS))
