@@ -56,6 +56,8 @@ def test_model_inputs_equal_openpi(policies, tag):
     prefix = f"model_input/{tag}/"
     golden = {key.removeprefix(prefix): E2E[key] for key in E2E if key.startswith(prefix)}
     assert ours.keys() == golden.keys()
+    # The canonical state is float32, as openpi's model receives it (jnp.asarray of its float64 state).
+    golden["state"] = golden["state"].astype(np.float32)
     for key, want in golden.items():
         np.testing.assert_array_equal(ours[key], want, err_msg=key)
 

@@ -58,9 +58,10 @@ def observation_from_arrays(arrays: Mapping[str, np.ndarray], config: Pi05Config
     images, masks = {}, {}
     for cam in config.image_keys:
         image = _get(arrays, f"image/{cam}")
-        _check(
-            f"image/{cam}", image, (batch, size, size, 3), "uf", "uint8 or float32 in [-1, 1] [B, H, W, 3]"
-        )
+        what = "uint8 or float32 in [-1, 1] [B, H, W, 3]"
+        _check(f"image/{cam}", image, (batch, size, size, 3), "uf", what)
+        if image.dtype.kind == "u" and image.dtype != np.uint8:  # only uint8 is rescaled to [-1, 1]
+            raise InputError(f"'image/{cam}': expected {what}, got dtype {image.dtype}")
         images[cam] = image_to_float(image)
         mask_key = f"image_mask/{cam}"
         mask = np.asarray(arrays[mask_key]) if mask_key in arrays else np.ones(batch, bool)

@@ -13,8 +13,20 @@ import numpy as np
 from oxygen_jax.policies import transforms as _transforms
 from oxygen_jax.policies.image_tools import convert_to_uint8
 from oxygen_jax.policies.normalization import NormStats
+from oxygen_jax.policies.robot_io import RawSpec
 
 ACTION_DIM = 14
+# What an ALOHA client sends (openpi's examples/aloha_*): CHW cameras under `images`, cam_high required.
+RAW_SPEC = RawSpec(
+    cameras={
+        ("images", "cam_high"): True,
+        ("images", "cam_low"): False,
+        ("images", "cam_left_wrist"): False,
+        ("images", "cam_right_wrist"): False,
+    },
+    vectors={("state",): ACTION_DIM},
+    channels_first_only=True,
+)
 GRIPPER_DIMS = [6, 13]
 # Joints are deltas relative to the current state, grippers stay absolute.
 DELTA_ACTION_MASK = _transforms.make_bool_mask(6, -1, 6, -1)

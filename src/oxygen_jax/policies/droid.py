@@ -8,8 +8,14 @@ import numpy as np
 from oxygen_jax.policies import transforms as _transforms
 from oxygen_jax.policies.image_tools import parse_image
 from oxygen_jax.policies.normalization import NormStats
+from oxygen_jax.policies.robot_io import RawSpec
 
 ACTION_DIM = 8
+# What a DROID client sends (openpi's examples/droid); the gripper position may be a scalar.
+RAW_SPEC = RawSpec(
+    cameras={("observation/exterior_image_1_left",): True, ("observation/wrist_image_left",): True},
+    vectors={("observation/joint_position",): 7, ("observation/gripper_position",): 1},
+)
 
 
 @dataclasses.dataclass(frozen=True)

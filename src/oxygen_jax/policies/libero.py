@@ -8,8 +8,14 @@ import numpy as np
 from oxygen_jax.policies import transforms as _transforms
 from oxygen_jax.policies.image_tools import parse_image
 from oxygen_jax.policies.normalization import NormStats
+from oxygen_jax.policies.robot_io import RawSpec
 
 ACTION_DIM = 7
+# What a LIBERO client sends (openpi's examples/libero): flat keys that contain '/'.
+RAW_SPEC = RawSpec(
+    cameras={("observation/image",): True, ("observation/wrist_image",): True},
+    vectors={("observation/state",): 8},
+)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,30 +14,36 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import traverse_util
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, transforms
+from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# Sampling at a higher temperature is indistinguishable from uniform over the vocabulary.
+MAX_TEMPERATURE = 100.0
 
 
 @dataclasses.dataclass(frozen=True)
 class _Robot:
     make_pipeline: Callable[..., transforms.Pipeline]
+    raw_spec: RawSpec
     action_dim: int
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 _ROBOTS = {
-    "libero": _Robot(libero.make_libero_pipeline, libero.ACTION_DIM),
-    "droid": _Robot(droid.make_droid_pipeline, droid.ACTION_DIM),
+    "libero": _Robot(libero.make_libero_pipeline, libero.RAW_SPEC, libero.ACTION_DIM),
+    "droid": _Robot(droid.make_droid_pipeline, droid.RAW_SPEC, droid.ACTION_DIM),
     # openpi's pi05_aloha policy metadata: the arm pose clients reset to.
-    "aloha": _Robot(aloha.make_aloha_pipeline, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}),
+    "aloha": _Robot(
+        aloha.make_aloha_pipeline, aloha.RAW_SPEC, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}
+    ),
 }
 
 
@@ -56,32 +62,13 @@ class _FittingPrompt:
         return ids[:-1], mask[:-1]
 
 
-def _check_raw(obs: Mapping[str, Any]) -> None:
-    """Reject what the transforms would silently pass on or fail on obscurely, naming the key."""
-    for path, value in traverse_util.flatten_dict(dict(obs), sep="/").items():
-        if path.rsplit("/", 1)[-1] == "prompt":
-            if not isinstance(value, str | bytes) and np.asarray(value).dtype.kind not in "US":
-                raise ValueError(f"{path!r}: expected a string, got {type(value).__name__}")
-            continue
-        array = np.asarray(value)
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            raise ValueError(f"{path!r}: contains NaN or infinite values")
-        if "image" in path and not (
-            array.ndim == 3 and 3 in (array.shape[0], array.shape[-1]) and array.dtype.kind in "uf"
-        ):
-            raise ValueError(
-                f"{path!r}: expected one uint8 or float image, HWC or CHW with 3 channels, "
-                f"got {array.dtype} {list(array.shape)}"
-            )
-
-
 class Policy:
-    """Engine + robot pipeline + tokenizer. Not thread-safe: serve it from one thread at a time."""
+    """Engine + robot I/O + tokenizer. Not thread-safe: serve it from one thread at a time."""
 
     def __init__(
         self,
         engine: Engine,
-        pipeline: transforms.Pipeline,
+        io: RobotIO,
         tokenizer: Tokenizer,
         *,
         num_steps: int = 10,
@@ -94,7 +81,7 @@ class Policy:
         self.engine = engine
         self.num_steps = num_steps
         self.max_text_tokens = max_text_tokens
-        self._pipeline = pipeline
+        self.io = io
         self._tokenizer = tokenizer
         self._temperature = temperature
         self._top_p = top_p
@@ -115,22 +102,8 @@ class Policy:
         }
 
     def model_inputs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """One raw robot observation -> unbatched model-level arrays (`image/<camera>`, `state`, ...)."""
-        _check_raw(obs)
-        try:
-            data = self._pipeline.inputs(dict(obs))
-        except KeyError as error:
-            raise ValueError(f"observation is missing {error.args[0]!r}; got keys {sorted(obs)}") from error
-        except (TypeError, IndexError) as error:
-            raise ValueError(f"malformed observation: {type(error).__name__}: {error}") from error
-        arrays = traverse_util.flatten_dict(data, sep="/")
-        dim = self.engine.config.action_dim
-        if np.shape(arrays["state"]) != (dim,):
-            raise ValueError(
-                f"'state': expected one unbatched state vector of at most {dim} values, "
-                f"got shape {list(np.shape(arrays['state']))} after the robot transforms"
-            )
-        return arrays
+        """One raw robot observation -> the canonical unbatched model inputs (`RobotIO.inputs`)."""
+        return self.io.inputs(obs)
 
     def infer(
         self,
@@ -140,16 +113,18 @@ class Policy:
         prompt_for_text: bool | None = None,
         max_text_tokens: int | None = None,
         temperature: float | None = None,
+        top_p: float | None = None,
     ) -> dict[str, Any]:
         """openpi's `infer`, plus `text` and `text_tokens` when language is on for this call.
 
         noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic.
         prompt_for_text: ask for text (None: iff the policy's `max_text_tokens` > 0; False: actions only).
-        max_text_tokens, temperature: this call's text budget (at most the policy's) and sampling.
+        max_text_tokens, temperature, top_p: this call's text budget (at most the policy's) and sampling.
         `policy_timing`: `infer_ms` until the actions are ready, `text_ms` until the text is.
         """
         budget = self.text_budget(prompt_for_text, max_text_tokens)
         temperature = self.text_temperature(temperature)
+        top_p = self.text_top_p(top_p)
         arrays = self.model_inputs(obs)
         observation = _inputs.observation_from_arrays(
             {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
@@ -166,7 +141,7 @@ class Policy:
                 self.num_steps,
                 self.max_text_tokens,
                 temperature=temperature,
-                top_p=self.top_p,
+                top_p=top_p,
                 max_new=budget,
                 seed=text_seed,
             )
@@ -183,23 +158,25 @@ class Policy:
         return outputs
 
     def robot_outputs(self, state: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
-        """Model actions [H, action_dim] -> the robot's outputs (unnormalized, robot action space)."""
-        # float32 state, as openpi hands the jax-converted model input state to the output transforms.
-        return self._pipeline.outputs({"state": np.asarray(state, np.float32), "actions": actions})
+        """Model actions [H, action_dim] -> the robot's outputs (`RobotIO.outputs`)."""
+        return self.io.outputs(state, actions)
 
     def detokenize(self, tokens: np.ndarray) -> str:
         return self._tokenizer.detokenize(tokens)
 
-    @property
-    def top_p(self) -> float:
-        return self._top_p
-
     def text_temperature(self, temperature: float | None) -> float:
         """This call's sampling temperature (the policy's when None), checked."""
         temperature = self._temperature if temperature is None else float(temperature)
-        if not temperature >= 0.0:
-            raise ValueError(f"temperature must be a number >= 0, got {temperature}")
+        if not 0.0 <= temperature <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
         return temperature
+
+    def text_top_p(self, top_p: float | None) -> float:
+        """This call's nucleus mass (the policy's when None), checked."""
+        top_p = self._top_p if top_p is None else float(top_p)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+        return top_p
 
     def text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
         """New tokens this call may generate (0: no text); the jitted buffer stays `self.max_text_tokens`."""
@@ -270,7 +247,7 @@ def create_policy(
     )
     return Policy(
         Engine(params, model_config, eos_id=tokenizer.eos_id),
-        pipeline,
+        RobotIO(robot.raw_spec, pipeline, model_config),
         tokenizer,
         num_steps=num_steps or cfg.num_steps,
         max_text_tokens=max_text_tokens,

@@ -92,13 +92,11 @@ class FrameScheduler:
         n = len(frame_inputs)
         size = bucket(n, self.max_prefill_batch)
         rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row
+        # Each row is checked and converted to the model's dtypes on its own before the rows are stacked,
+        # so one row's keys or dtypes can never change how another row is read.
         config = self.engine.config
-        stacked = {
-            key: np.concatenate([frame_inputs[r].arrays[key] for r in rows])
-            for key in frame_inputs[0].arrays
-            if key not in ("noise", "state")
-        }
-        obs = inputs.observation_from_arrays(stacked, config)
+        observations = [inputs.observation_from_arrays(item.arrays, config) for item in frame_inputs]
+        obs = jax.tree.map(lambda *column: np.concatenate(column), *[observations[r] for r in rows])
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
         cache = self.engine.prefill(obs)
         actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps))[:n]

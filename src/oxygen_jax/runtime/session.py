@@ -15,6 +15,7 @@ meet (`warmup`), so later frames never compile. Not thread-safe: call `step` and
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -26,14 +27,16 @@ from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import TextRequest, TextResult
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
+logger = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class RobotRequest:
     """One robot's raw observation with this request's options (as `Policy.infer` takes them).
 
     `client` names the robot: its language request lives across the requests that carry the same client.
-    `max_text_tokens` and `temperature` apply to the language request this one starts, if it starts one;
-    `max_text_tokens=0` starts none.
+    `max_text_tokens`, `temperature` and `top_p` apply to the language request this one starts, if it
+    starts one; `max_text_tokens=0` starts none.
     """
 
     client: Hashable
@@ -41,6 +44,11 @@ class RobotRequest:
     noise: np.ndarray | None = None
     max_text_tokens: int | None = None
     temperature: float | None = None
+    top_p: float | None = None
+
+
+class RequestError(ValueError):
+    """Preparing one request failed with an unexpected exception (its `__cause__`): the request's fault."""
 
 
 @dataclasses.dataclass
@@ -60,10 +68,14 @@ class _Speech:
 
 @dataclasses.dataclass
 class _Prepared:
+    """One checked request: its canonical arrays (batch dim 1), noise and, if it starts one, its language
+    request."""
+
     index: int
     client: Hashable
-    state: np.ndarray
-    frame_input: FrameInput
+    arrays: dict[str, np.ndarray]
+    noise: np.ndarray | None
+    text: TextRequest | None = None
 
 
 class MultiRobotSession:
@@ -119,25 +131,38 @@ class MultiRobotSession:
         cameras pick the prefill variant). `step` does this on its first frame when nobody did before."""
         self._warm_up(_batched(self._policy.model_inputs(obs)))
 
-    def step(self, requests: Sequence[RobotRequest]) -> list[dict[str, Any] | ValueError]:
-        """One frame: per request its reply, or the ValueError that names what is wrong with it."""
+    def step(self, requests: Sequence[RobotRequest]) -> list[dict[str, Any] | Exception]:
+        """One frame: per request its reply, or the exception that refused it.
+
+        Each request is prepared on its own; whatever it raises is that request's answer (a ValueError
+        naming what is wrong with it) and the frame goes on with the others. If the model call fails for
+        the frame, each request is retried alone once, so only the one that fails again gets the error.
+        A robot's language request is registered only once its frame succeeded.
+        """
         if len(requests) > self.max_batch:
             raise ValueError(f"a frame takes at most {self.max_batch} requests, got {len(requests)}")
-        replies: dict[int, dict[str, Any] | ValueError] = {}
+        replies: dict[int, dict[str, Any] | Exception] = {}
         prepared = []
+        speaking = set(self._speech)
         for index, request in enumerate(requests):
             try:
-                prepared.append(self._prepare(index, request))
-            except ValueError as error:
-                replies[index] = error
+                item = self._prepare(index, request, speaking)
+            except Exception as error:
+                replies[index] = _refusal(error)
+                continue
+            prepared.append(item)
         if prepared:
             if not self._warm:
-                self._warm_up(prepared[0].frame_input.arrays)
-            frame = self._scheduler.step([p.frame_input for p in prepared])
-            timing = {"infer_ms": frame.action_s * 1000, "frame_ms": frame.total_s * 1000}
-            for item, actions in zip(prepared, frame.actions, strict=True):
-                reply = self._policy.robot_outputs(item.state, actions)
-                replies[item.index] = {**reply, **self._text_fields(item.client), "policy_timing": timing}
+                self._warm_up(prepared[0].arrays)
+            try:
+                replies.update(self._run(prepared))
+            except Exception:
+                logger.exception("a frame failed; its requests are retried one at a time")
+                for item in prepared:
+                    try:
+                        replies.update(self._run([item]))
+                    except Exception as error:
+                        replies[item.index] = error
         return [replies[index] for index in range(len(requests))]
 
     def end(self, client: Hashable) -> None:
@@ -146,28 +171,57 @@ class MultiRobotSession:
         if speech is not None and speech.result is None:
             self._scheduler.manager.cancel(speech.request_id, self._scheduler.frame)
 
-    def _prepare(self, index: int, request: RobotRequest) -> _Prepared:
-        """Checks the request, transforms its observation and, if due, attaches a new language request."""
+    def _prepare(self, index: int, request: RobotRequest, speaking: set[Hashable]) -> _Prepared:
+        """Checks the request and transforms its observation; a robot without a language request in
+        flight (`speaking`, updated here) gets a new one on this observation."""
         budget = self._policy.text_budget(None, request.max_text_tokens)
         temperature = self._policy.text_temperature(request.temperature)
+        top_p = self._policy.text_top_p(request.top_p)
         arrays = self._policy.model_inputs(request.obs)
         noise = None if request.noise is None else np.asarray(self._policy.action_noise(request.noise, 0))
-        frame_input = FrameInput(_batched(arrays), noise)
-        if budget and request.client not in self._speech:
-            speech = _Speech(next(self._request_ids))
-            self._speech[request.client] = speech
-            frame_input.requests.append(
-                TextRequest(
-                    speech.request_id,
-                    budget,
-                    temperature=float(temperature),
-                    top_p=self._policy.top_p,
-                    seed=int(self._rng.integers(2**31)),
-                    on_tokens=speech.on_tokens,
-                    on_done=speech.on_done,
-                )
+        item = _Prepared(index, request.client, _batched(arrays), noise)
+        if budget and request.client not in speaking:
+            speaking.add(request.client)
+            item.text = TextRequest(
+                -1,  # each attempt to run it gets its own id (`_run`)
+                budget,
+                temperature=temperature,
+                top_p=top_p,
+                seed=int(self._rng.integers(2**31)),
             )
-        return _Prepared(index, request.client, arrays["state"], frame_input)
+        return item
+
+    def _run(self, prepared: list[_Prepared]) -> dict[int, dict[str, Any]]:
+        """One scheduler step over `prepared`; registers their language requests once it succeeded."""
+        speeches = {item.index: _Speech(next(self._request_ids)) for item in prepared if item.text}
+        frame_inputs = []
+        for item in prepared:
+            frame_input = FrameInput(item.arrays, item.noise)
+            if (speech := speeches.get(item.index)) is not None:
+                frame_input.requests.append(
+                    dataclasses.replace(
+                        item.text,
+                        request_id=speech.request_id,
+                        on_tokens=speech.on_tokens,
+                        on_done=speech.on_done,
+                    )
+                )
+            frame_inputs.append(frame_input)
+        try:
+            frame = self._scheduler.step(frame_inputs)
+        except Exception:
+            for speech in speeches.values():  # the failed step may have queued them
+                self._scheduler.manager.cancel(speech.request_id, self._scheduler.frame)
+            raise
+        for item in prepared:
+            if item.index in speeches:
+                self._speech[item.client] = speeches[item.index]
+        timing = {"infer_ms": frame.action_s * 1000, "frame_ms": frame.total_s * 1000}
+        replies = {}
+        for item, actions in zip(prepared, frame.actions, strict=True):
+            reply = self._policy.robot_outputs(item.arrays["state"][0], actions)
+            replies[item.index] = {**reply, **self._text_fields(item.client), "policy_timing": timing}
+        return replies
 
     def _text_fields(self, client: Hashable) -> dict[str, Any]:
         speech = self._speech.get(client)
@@ -189,6 +243,16 @@ class MultiRobotSession:
             for size in range(1, self.max_batch + 1):
                 self._scheduler.step([FrameInput(example)] * size)
         self._warm = True
+
+
+def _refusal(error: Exception) -> ValueError:
+    """A request's own error: ValueErrors name the problem already; anything else is logged and wrapped."""
+    if isinstance(error, ValueError):
+        return error
+    logger.warning("request refused by an unexpected %s", type(error).__name__, exc_info=error)
+    refusal = RequestError(f"{type(error).__name__}: {' '.join(str(error).split())}")
+    refusal.__cause__ = error
+    return refusal
 
 
 def _batched(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -1,8 +1,9 @@
 """The backends `scripts/serve.py` serves a `Policy` through: request options in, text fields out.
 
 Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
-deterministic), `max_text_tokens` and `temperature`; they are taken out before the robot transforms see
-the observation. Bad requests raise ValueError, which the server answers as "Bad request: ...".
+deterministic), `max_text_tokens`, `temperature` and `top_p`; they are taken out before the robot
+transforms see the observation. Bad requests raise ValueError, which the server answers as
+"Bad request: ...".
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True).
@@ -10,8 +11,8 @@ the observation. Bad requests raise ValueError, which the server answers as "Bad
   `MultiRobotSession`, whose observations are prefilled together; each robot's language request advances
   k tokens per frame over its following requests. While a robot has one, its replies add `text` (the text
   so far), `text_tokens`, `text_done` and `text_request_id`; after the reply with `text_done` True, the
-  robot's next request starts a new one from its observation. `max_text_tokens` and `temperature` apply to
-  the language request a request starts.
+  robot's next request starts a new one from its observation. `max_text_tokens`, `temperature` and
+  `top_p` apply to the language request a request starts.
 """
 
 import asyncio
@@ -19,28 +20,34 @@ import contextlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.runtime.session import MultiRobotSession, RobotRequest
 
-REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature")
+REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p")
 
 
 def _option(value: Any, kind: type, name: str) -> Any:
-    """A msgpack scalar (int, float or numpy scalar) as `kind`, or a ValueError naming the field."""
-    try:
-        return None if value is None else kind(value)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{name!r}: expected a {kind.__name__}, got {value!r}") from error
+    """A msgpack number as `kind` (an int option takes integers only), or a ValueError naming the field."""
+    numbers = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
+    if value is None:
+        return None
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers):
+        expected = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name!r}: expected {expected}, got {type(value).__name__}")
+    return kind(value)
 
 
 def _split_request(obs: dict) -> tuple[dict, dict[str, Any]]:
     """(the robot observation, the request options as `Policy.infer` keyword arguments)."""
     obs = dict(obs)
-    noise, max_text_tokens, temperature = (obs.pop(name, None) for name in REQUEST_OPTIONS)
+    noise, max_text_tokens, temperature, top_p = (obs.pop(name, None) for name in REQUEST_OPTIONS)
     options = {
         "noise": noise,
         "max_text_tokens": _option(max_text_tokens, int, "max_text_tokens"),
         "temperature": _option(temperature, float, "temperature"),
+        "top_p": _option(top_p, float, "top_p"),
     }
     return obs, options
 
