@@ -46,6 +46,14 @@ _TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame rate to hold; k is cho
 _MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
 _GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
+_MAX_MESSAGE_MB = flags.DEFINE_float(
+    "max_message_mb", 16.0, "Largest request accepted (MiB); bigger ones close the connection (1009)."
+)
+_MAX_CONNECTIONS = flags.DEFINE_integer("max_connections", 64, "Open connections; more get HTTP 503.")
+_IDLE_TIMEOUT_S = flags.DEFINE_float(
+    "idle_timeout_s", 300.0, "Close a connection that sends nothing for this long (0: never)."
+)
+_DEBUG_ERRORS = flags.DEFINE_bool("debug_errors", False, "Send tracebacks to clients, not only to the log.")
 
 
 def main(_):
@@ -78,7 +86,13 @@ def main(_):
         )
         backend = SessionServerBackend(session, gather_ms=_GATHER_MS.value)
     logging.info("serving metadata: %s", backend.metadata)
-    websocket_server.serve(backend, _HOST.value, _PORT.value)
+    limits = websocket_server.ServerLimits(
+        max_message_mb=_MAX_MESSAGE_MB.value,
+        max_connections=_MAX_CONNECTIONS.value,
+        idle_timeout_s=_IDLE_TIMEOUT_S.value or None,
+        debug_errors=_DEBUG_ERRORS.value,
+    )
+    websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
 
 
 if __name__ == "__main__":

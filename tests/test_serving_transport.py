@@ -20,7 +20,7 @@ import websockets.sync.client
 from websockets.exceptions import ConnectionClosed
 
 from oxygen_jax.serving import msgpack_numpy
-from oxygen_jax.serving.websocket_server import BackgroundServer
+from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
@@ -256,14 +256,74 @@ def test_undecodable_messages_get_an_error_and_the_connection_survives(server, m
     assert_same(result["actions"], np.arange(3, dtype=np.int8)[None] * 2)
 
 
-def test_internal_error_closes_only_that_connection(server):
+def test_internal_error_is_one_line_with_an_id_and_closes_nothing(server):
     client, other = connect(server.port), connect(server.port)
-    with pytest.raises(RuntimeError, match=r"(?s)Internal server error.*RuntimeError: backend crashed"):
+    one_line = r"\nInternal server error: RuntimeError \(error id [0-9a-f]{8}\)$"
+    with pytest.raises(RuntimeError, match=one_line):
         client.infer({"state": np.zeros(2), "crash": True})
-    with pytest.raises(ConnectionClosed):
-        client.infer({"state": np.zeros(2)})
+    assert_same(client.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
     assert_same(other.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
-    assert_same(connect(server.port).infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
+
+
+def test_debug_errors_send_the_traceback():
+    limits = ServerLimits(debug_errors=True)
+    with (
+        BackgroundServer(DoublingBackend(), limits=limits) as running,
+        pytest.raises(RuntimeError, match=r"(?s)Internal server error.*Traceback.*backend crashed"),
+    ):
+        connect(running.port).infer({"state": np.zeros(2), "crash": True})
+
+
+def raw_exchange(port: int, message: bytes) -> str | bytes:
+    with websockets.sync.client.connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None) as ws:
+        ws.recv()  # Metadata.
+        ws.send(message)
+        return ws.recv(timeout=10)
+
+
+def test_a_message_over_the_size_limit_closes_that_connection_with_a_reason():
+    limits = ServerLimits(max_message_mb=1)
+    with BackgroundServer(DoublingBackend(), limits=limits) as running:
+        huge = msgpack_numpy.packb({"state": np.zeros(2**18 + 1, np.float32)})  # just over 1 MiB
+        with pytest.raises(ConnectionClosed) as closed:
+            raw_exchange(running.port, huge)
+        assert closed.value.rcvd.code == 1009
+        assert_same(connect(running.port).infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
+
+
+def test_connections_over_the_limit_are_refused_at_the_handshake():
+    with BackgroundServer(DoublingBackend(), limits=ServerLimits(max_connections=2)) as running:
+        first, second = connect(running.port), connect(running.port)
+        with pytest.raises(websockets.exceptions.InvalidStatus, match="503"):
+            websockets.sync.client.connect(f"ws://127.0.0.1:{running.port}", compression=None)
+        first._ws.close()
+        deadline = time.monotonic() + 10
+        while True:  # the slot frees once the server has seen the close
+            try:
+                third = connect(running.port)
+                break
+            except websockets.exceptions.InvalidStatus:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        for client in (second, third):
+            assert_same(client.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
+
+
+def test_an_idle_connection_is_closed():
+    with BackgroundServer(DoublingBackend(), limits=ServerLimits(idle_timeout_s=0.3)) as running:
+        with websockets.sync.client.connect(f"ws://127.0.0.1:{running.port}", compression=None) as ws:
+            ws.recv()  # Metadata.
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=10)
+        assert closed.value.rcvd.code == 1001 and "idle" in closed.value.rcvd.reason
+
+
+def test_deep_nesting_is_refused_in_one_line(server):
+    deep: dict = {"state": np.ones(2)}
+    for _ in range(1000):
+        deep = {"x": deep}
+    reply = raw_exchange(server.port, msgpack_numpy.packb(deep))
+    assert isinstance(reply, str) and reply.startswith("Bad request: observation nested deeper")
 
 
 def test_healthz_answers_over_plain_http(server):

@@ -9,9 +9,14 @@ port answers 200 over plain HTTP.
 
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
-map, or a backend raising ``ValueError``/``KeyError``) gets ``"Bad request: ..."`` and the connection
-keeps serving. Any other failure gets ``"Internal server error: ..."`` with the traceback and, as in
-openpi, that connection is closed with code 1011; other connections are unaffected.
+map or nested too deep, or a backend raising ``ValueError``/``KeyError``) gets one line,
+``"Bad request: ... (error id ...)"``; any other failure gets ``"Internal server error: <type> (error id
+...)"``. The traceback goes to the server log under the same id (``ServerLimits.debug_errors`` also sends
+it). Either way the connection keeps serving.
+
+Resources are bounded by `ServerLimits`: the message size (a bigger message closes the connection with
+1009 and a one-line reason), the number of open connections (more get HTTP 503 at the handshake), and an
+idle timeout (a connection that sends nothing for that long is closed with 1001).
 
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
@@ -21,12 +26,14 @@ different clients reach the backend at the same time and a batching backend can 
 
 import asyncio
 import contextlib
+import dataclasses
 import http
 import logging
 import signal
 import threading
 import time
 import traceback
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -60,26 +67,54 @@ class BadRequestError(Exception):
     """The client's fault: reported to it, and its connection keeps serving."""
 
 
+# Observations are maps of arrays a few levels deep (openpi's ALOHA `images/<camera>` is the deepest).
+MAX_NESTING = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerLimits:
+    """What one server accepts; None switches a limit off."""
+
+    # Three 1280x720 uint8 cameras take 8.3 MB and four 480x640 float32 ones 14.7 MB.
+    max_message_mb: float | None = 16.0
+    max_connections: int | None = 64
+    idle_timeout_s: float | None = 300.0
+    debug_errors: bool = False
+
+
 @contextlib.asynccontextmanager
 async def open_server(
-    backend: PolicyBackend, host: str, port: int, *, infer_workers: int = 1
+    backend: PolicyBackend,
+    host: str,
+    port: int,
+    *,
+    infer_workers: int = 1,
+    limits: ServerLimits = ServerLimits(),
 ) -> AsyncIterator[int]:
     """Serve ``backend`` on the running loop while the block runs; yields the bound port.
 
     Leaving the block stops accepting, closes every connection and waits for in-flight requests.
     """
     executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
-    handler = _ConnectionHandler(backend, _backend_caller(backend, executor))
+    handler = _ConnectionHandler(backend, _backend_caller(backend, executor), limits)
+    max_size = None if limits.max_message_mb is None else int(limits.max_message_mb * 2**20)
     try:
         async with _ws_serve(
-            handler, host, port, compression=None, max_size=None, process_request=_health_check
+            handler, host, port, compression=None, max_size=max_size, process_request=handler.admit
         ) as server:
             yield server.sockets[0].getsockname()[1]
     finally:
         executor.shutdown()
 
 
-def serve(backend: PolicyBackend, host: str = "0.0.0.0", port: int = 8000, *, infer_workers: int = 1) -> None:
+def serve(
+    backend: PolicyBackend,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+    *,
+    infer_workers: int = 1,
+    limits: ServerLimits = ServerLimits(),
+) -> None:
     """Serve until SIGINT or SIGTERM, then shut down gracefully; a second signal forces the exit."""
 
     async def main() -> None:
@@ -93,7 +128,7 @@ def serve(backend: PolicyBackend, host: str = "0.0.0.0", port: int = 8000, *, in
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
-        async with open_server(backend, host, port, infer_workers=infer_workers) as bound_port:
+        async with open_server(backend, host, port, infer_workers=infer_workers, limits=limits) as bound_port:
             logger.info("Serving policy on ws://%s:%d", host, bound_port)
             await stop.wait()
             logger.info("Shutting down")
@@ -105,9 +140,16 @@ class BackgroundServer:
     """A server on its own event loop thread, for tests and for embedding in synchronous programs."""
 
     def __init__(
-        self, backend: PolicyBackend, host: str = "127.0.0.1", port: int = 0, *, infer_workers: int = 1
+        self,
+        backend: PolicyBackend,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        infer_workers: int = 1,
+        limits: ServerLimits = ServerLimits(),
     ) -> None:
         self._backend = backend
+        self._limits = limits
         self._host = host
         self._requested_port = port
         self._infer_workers = infer_workers
@@ -171,7 +213,11 @@ class BackgroundServer:
         self._stop = asyncio.Event()
         try:
             async with open_server(
-                self._backend, self._host, self._requested_port, infer_workers=self._infer_workers
+                self._backend,
+                self._host,
+                self._requested_port,
+                infer_workers=self._infer_workers,
+                limits=self._limits,
             ) as port:
                 self._port = port
                 self._ready.set()
@@ -198,33 +244,65 @@ def _backend_caller(
 class _ConnectionHandler:
     """Runs one client's session: metadata first, then one reply per request, in order."""
 
-    def __init__(self, backend: PolicyBackend, infer: Callable[[dict], Awaitable[dict]]) -> None:
+    def __init__(
+        self, backend: PolicyBackend, infer: Callable[[dict], Awaitable[dict]], limits: ServerLimits
+    ) -> None:
         self._backend = backend
         self._infer = infer
+        self._limits = limits
+        self._open = 0
+
+    def admit(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The handshake hook: health checks, and a refusal once `max_connections` are open."""
+        if request.path == "/healthz":
+            return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if self._limits.max_connections is not None and self._open >= self._limits.max_connections:
+            logger.warning("Refused %s: %d connections open", connection.remote_address, self._open)
+            message = f"Too many connections (at most {self._limits.max_connections})\n"
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, message)
+        return None
 
     async def __call__(self, websocket: ServerConnection) -> None:
         logger.info("Connection from %s opened", websocket.remote_address)
+        self._open += 1
         try:
             await websocket.send(msgpack_numpy.packb(self._backend.metadata))
             prev_total_ms: float | None = None
-            async for message in websocket:
+            while True:
+                try:
+                    async with asyncio.timeout(self._limits.idle_timeout_s):
+                        message = await websocket.recv()
+                except TimeoutError:
+                    reason = f"idle for {self._limits.idle_timeout_s:g} s"
+                    logger.info("Closing %s: %s", websocket.remote_address, reason)
+                    await websocket.close(CloseCode.GOING_AWAY, reason)
+                    return
                 received = time.monotonic()
                 try:
                     reply = await self._answer(message, prev_total_ms)
-                except BadRequestError as error:
-                    logger.info("Bad request from %s: %s", websocket.remote_address, error)
-                    await websocket.send(f"Bad request: {error}")
+                except Exception as error:
+                    await websocket.send(self._error_line(websocket, error))
                     continue
-                except Exception:
-                    logger.exception("Request from %s failed", websocket.remote_address)
-                    await websocket.send(f"Internal server error:\n{traceback.format_exc()}")
-                    await websocket.close(CloseCode.INTERNAL_ERROR, "Internal server error, see last frame")
-                    return
                 await websocket.send(reply)
                 prev_total_ms = (time.monotonic() - received) * 1000
         except ConnectionClosed:
             pass
-        logger.info("Connection from %s closed", websocket.remote_address)
+        finally:
+            self._open -= 1
+            logger.info("Connection from %s closed", websocket.remote_address)
+
+    def _error_line(self, websocket: ServerConnection, error: Exception) -> str:
+        """One line for the client; the traceback goes to the log under the same error id."""
+        error_id = uuid.uuid4().hex[:8]
+        if isinstance(error, BadRequestError):
+            logger.info("Bad request from %s [%s]: %s", websocket.remote_address, error_id, error)
+            line = f"Bad request: {error} (error id {error_id})"
+        else:
+            logger.error("Request from %s failed [%s]", websocket.remote_address, error_id, exc_info=error)
+            line = f"Internal server error: {type(error).__name__} (error id {error_id})"
+        if self._limits.debug_errors:
+            line += "\n" + "".join(traceback.format_exception(error))
+        return line
 
     async def _answer(self, message: str | bytes, prev_total_ms: float | None) -> bytes:
         obs = _decode_request(message)
@@ -232,7 +310,9 @@ class _ConnectionHandler:
         try:
             result = await self._infer(obs)
         except (ValueError, KeyError) as error:
-            raise BadRequestError(f"{type(error).__name__}: {error}") from error
+            logger.debug("refused", exc_info=error)
+            message = " ".join(str(error).split())
+            raise BadRequestError(f"{type(error).__name__}: {message}") from error
         infer_ms = (time.monotonic() - start) * 1000
         if not isinstance(result, dict):
             raise TypeError(f"backend returned {type(result).__name__}, expected dict")
@@ -253,10 +333,20 @@ def _decode_request(message: str | bytes) -> dict:
         raise BadRequestError(f"undecodable msgpack-numpy message ({reason})") from error
     if not isinstance(obs, dict):
         raise BadRequestError(f"observation must be a map, got {type(obs).__name__}")
+    if _depth(obs) > MAX_NESTING:
+        raise BadRequestError(f"observation nested deeper than {MAX_NESTING} levels")
     return obs
 
 
-def _health_check(connection: ServerConnection, request: Request) -> Response | None:
-    if request.path == "/healthz":
-        return connection.respond(http.HTTPStatus.OK, "OK\n")
-    return None
+def _depth(value: Any) -> int:
+    """Nesting depth of maps and lists, without recursion (msgpack allows about a thousand levels)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            deepest = max(deepest, depth)
+            if depth <= MAX_NESTING:
+                stack.extend(
+                    (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
+                )
+    return deepest
