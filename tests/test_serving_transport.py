@@ -349,11 +349,13 @@ def test_start_reports_a_port_in_use():
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_serve_shuts_down_gracefully_on_signal(sig):
+def test_serve_drains_in_flight_requests_on_signal(sig):
+    """The request a client has in flight when the signal arrives is answered; then the server exits."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     script = textwrap.dedent(f"""
+        import time
         import numpy as np
         from oxygen_jax.serving.websocket_server import serve
 
@@ -361,6 +363,7 @@ def test_serve_shuts_down_gracefully_on_signal(sig):
             metadata = {{}}
 
             def infer(self, obs):
+                time.sleep(float(obs.get("sleep_s", 0)))
                 return {{"actions": np.asarray(obs["state"])[None] * 2}}
 
         serve(Backend(), host="127.0.0.1", port={port})
@@ -375,12 +378,16 @@ def test_serve_shuts_down_gracefully_on_signal(sig):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
                 time.sleep(0.05)
-        client = connect(port)
-        assert_same(client.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
-        proc.send_signal(sig)
+        busy, idle = connect(port), connect(port)
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(busy.infer, {"state": np.ones(2), "sleep_s": 1.0})
+            time.sleep(0.3)
+            proc.send_signal(sig)
+            assert_same(in_flight.result(timeout=10)["actions"], np.full((1, 2), 2.0))
         assert proc.wait(timeout=10) == 0
-        with pytest.raises(ConnectionClosed):
-            client.infer({"state": np.ones(2)})
+        for client in (busy, idle):
+            with pytest.raises(ConnectionClosed):
+                client.infer({"state": np.ones(2)})
     finally:
         if proc.poll() is None:
             proc.kill()

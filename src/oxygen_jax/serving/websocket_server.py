@@ -93,7 +93,8 @@ async def open_server(
 ) -> AsyncIterator[int]:
     """Serve ``backend`` on the running loop while the block runs; yields the bound port.
 
-    Leaving the block stops accepting, closes every connection and waits for in-flight requests.
+    Leaving the block drains the server: it stops accepting, answers every request already received,
+    then closes every connection.
     """
     executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
     handler = _ConnectionHandler(backend, _backend_caller(backend, executor), limits)
@@ -102,7 +103,11 @@ async def open_server(
         async with _ws_serve(
             handler, host, port, compression=None, max_size=max_size, process_request=handler.admit
         ) as server:
-            yield server.sockets[0].getsockname()[1]
+            try:
+                yield server.sockets[0].getsockname()[1]
+            finally:
+                server.close(close_connections=False)  # stop accepting, then drain
+                await handler.drain()
     finally:
         executor.shutdown()
 
@@ -115,7 +120,7 @@ def serve(
     infer_workers: int = 1,
     limits: ServerLimits = ServerLimits(),
 ) -> None:
-    """Serve until SIGINT or SIGTERM, then shut down gracefully; a second signal forces the exit."""
+    """Serve until SIGINT or SIGTERM, then drain (see `open_server`); a second signal forces the exit."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -125,6 +130,7 @@ def serve(
             stop.set()
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
+                signal.signal(sig, signal.SIG_DFL)  # a second signal ends the process at once
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, on_signal)
@@ -251,6 +257,18 @@ class _ConnectionHandler:
         self._infer = infer
         self._limits = limits
         self._open = 0
+        self._busy: dict[ServerConnection, bool] = {}  # connection -> a request of it is being answered
+        self._draining = False
+
+    async def drain(self) -> None:
+        """Stops taking requests: idle connections close now, busy ones right after their reply."""
+        self._draining = True
+        idle = [websocket for websocket, busy in self._busy.items() if not busy]
+        await asyncio.gather(
+            *(websocket.close(CloseCode.GOING_AWAY, "server shutting down") for websocket in idle)
+        )
+        while any(self._busy.values()):
+            await asyncio.sleep(0.01)
 
     def admit(self, connection: ServerConnection, request: Request) -> Response | None:
         """The handshake hook: health checks, and a refusal once `max_connections` are open."""
@@ -265,10 +283,11 @@ class _ConnectionHandler:
     async def __call__(self, websocket: ServerConnection) -> None:
         logger.info("Connection from %s opened", websocket.remote_address)
         self._open += 1
+        self._busy[websocket] = False
         try:
             await websocket.send(msgpack_numpy.packb(self._backend.metadata))
             prev_total_ms: float | None = None
-            while True:
+            while not self._draining:
                 try:
                     async with asyncio.timeout(self._limits.idle_timeout_s):
                         message = await websocket.recv()
@@ -277,18 +296,22 @@ class _ConnectionHandler:
                     logger.info("Closing %s: %s", websocket.remote_address, reason)
                     await websocket.close(CloseCode.GOING_AWAY, reason)
                     return
+                self._busy[websocket] = True
                 received = time.monotonic()
                 try:
                     reply = await self._answer(message, prev_total_ms)
                 except Exception as error:
-                    await websocket.send(self._error_line(websocket, error))
-                    continue
+                    reply = self._error_line(websocket, error)
                 await websocket.send(reply)
-                prev_total_ms = (time.monotonic() - received) * 1000
+                self._busy[websocket] = False
+                if isinstance(reply, bytes):
+                    prev_total_ms = (time.monotonic() - received) * 1000
+            await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
         except ConnectionClosed:
             pass
         finally:
             self._open -= 1
+            del self._busy[websocket]
             logger.info("Connection from %s closed", websocket.remote_address)
 
     def _error_line(self, websocket: ServerConnection, error: Exception) -> str:
