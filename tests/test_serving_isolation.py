@@ -1,7 +1,10 @@
 """One robot's bad input never reaches another: each request is checked and canonicalized on its own."""
 
+import hypothesis.extra.numpy as hnp
+import hypothesis.strategies as st
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 from test_policy import make_policy, raw_observation
 
 from oxygen_jax.runtime.k_policy import FixedK
@@ -114,3 +117,51 @@ def test_a_failing_model_call_is_retried_row_by_row(session, noise, healthy_acti
     assert isinstance(failed, RuntimeError)
     assert "poison" not in session._speech
     assert scheduler.manager.active <= 1  # the healthy robot's request only
+
+
+KEYS = ["observation/image", "observation/wrist_image", "observation/state", "prompt", "actions", "extra"]
+junk = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(max_size=20)
+    | st.binary(max_size=20)
+    | hnp.arrays(
+        st.sampled_from([np.uint8, np.uint16, np.int64, np.float16, np.float32, np.float64, np.bool_]),
+        st.sampled_from([(), (3,), (8,), (224, 224), (224, 224, 3), (3, 224, 224), (2, 8)]),
+    ),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+options = st.fixed_dictionaries(
+    {},
+    optional={
+        "temperature": st.floats(),
+        "top_p": st.floats(),
+        "max_text_tokens": st.integers(-3, 2 * MAX_TEXT_TOKENS),
+    },
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(KEYS), value=junk, request_options=options)
+def test_fuzzed_requests_never_change_a_healthy_robots_reply(
+    session, noise, healthy_actions, key, value, request_options
+):
+    """Random malformed observations next to a healthy robot: the attacker gets a one-line error or a
+    normal reply; the healthy robot's actions equal its reference (bit for bit when it is alone in the
+    frame, to float32 rounding in a batch of two) and its text advances one token per frame."""
+    attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, **request_options)
+    before = session._speech.get("healthy")
+    previous = 0 if before is None or before.result is not None else len(before.tokens)
+    good, other = session.step([healthy(noise), attacker])
+    if isinstance(other, Exception):
+        assert isinstance(other, ValueError) and "\n" not in str(other)
+        np.testing.assert_array_equal(good["actions"], healthy_actions)
+    else:
+        assert other["actions"].shape == (10, 7)
+        np.testing.assert_allclose(good["actions"], healthy_actions, atol=1e-5, rtol=0)
+    assert len(good["text_tokens"]) == previous + 1
