@@ -134,6 +134,11 @@ class Tokenizer:
         tokens = self._sp.encode(f"Task: {cleaned}. Subtask: ", add_bos=True)
         return pad_or_truncate(tokens, self.max_len)
 
+    def tokenize_task(self, instruction: str) -> list[int]:
+        """A language task's suffix, appended after the observation's prompt: `{instruction}` + `\\n`
+        (no BOS: it continues the prompt; the `\\n` starts the answer, as in `tokenize`)."""
+        return self._sp.encode(clean_prompt(instruction)) + self._sp.encode("\n")
+
     def detokenize(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of a 1-D id sequence up to the first EOS, without padding.
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oxygen_jax.engine import batch_state, kernels, language
+from oxygen_jax.engine import batch_state, extension, kernels, language
 from oxygen_jax.models import pi05
 
 
@@ -54,6 +54,7 @@ class Engine:
         )
         self._evict = jax.jit(batch_state.evict, donate_argnums=0)
         self._select_rows = jax.jit(batch_state.select_rows)
+        self._extend = jax.jit(extension.extend, **static)
 
     # --- one observation batch ---
     def prefill(self, obs: pi05.Observation) -> pi05.PrefixCache:
@@ -99,6 +100,31 @@ class Engine:
         """Cross-task KV sharing: one prefill feeds both the action expert and the language decoder."""
         cache = self.prefill(obs)
         return self.denoise(cache, noise, num_steps), self.generate(cache, max_new_tokens, **text_kwargs)
+
+    def extend(
+        self, cache: pi05.PrefixCache, rows: np.ndarray, suffixes: list, suffix_len: int | None = None
+    ) -> pi05.PrefixCache:
+        """Appends one token suffix per task to prefix rows `rows` in one call (see `extension.extend`).
+
+        Tasks are padded to a power of two and suffixes to `suffix_len` columns (default: the next
+        power of two >= 8), so a steady stream of frames compiles once. Returns the padded cache:
+        rows beyond len(suffixes) are padding (insert them into no slot).
+        """
+        lengths = [len(s) for s in suffixes]
+        if not suffixes or min(lengths) < 1:
+            raise ValueError("every task needs a non-empty suffix")
+        width = suffix_len or max(8, 1 << (max(lengths) - 1).bit_length())
+        if max(lengths) > width:
+            raise ValueError(f"a task suffix of {max(lengths)} tokens exceeds suffix_len={width}")
+        tasks = 1 << (len(suffixes) - 1).bit_length()
+        tokens = np.zeros((tasks, width), np.int32)
+        mask = np.zeros((tasks, width), bool)
+        mask[:, 0] = True  # padding tasks: one token, so every row has a last suffix token
+        for t, suffix in enumerate(suffixes):
+            tokens[t, : len(suffix)] = suffix
+            mask[t, : len(suffix)] = True
+        rows = np.concatenate([np.asarray(rows, np.int32), np.zeros(tasks - len(suffixes), np.int32)])
+        return self._extend(self.params, self.config, cache, jnp.asarray(rows), tokens, mask)
 
     # --- continuous batching ---
     def init_state(

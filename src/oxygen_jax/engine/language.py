@@ -35,7 +35,7 @@ def generate(
     and text generated in a shared batch come from one implementation.
     """
     batch = cache.mask.shape[0]
-    state = batch_state.init_state(config, batch, max_new_tokens)
+    state = batch_state.init_state(config, batch, max_new_tokens, cache.mask.shape[1])
     state = batch_state.insert(state, cache, jnp.arange(batch), max_new, temperature, top_p, seeds)
     state = batch_state.decode(params, config, state, max_new_tokens, eos_id)
     return TextOutput(tokens=state.tokens, logprobs=state.logprobs, lengths=state.n_generated)
