@@ -88,7 +88,7 @@ class Engine:
         """Decodes every row to completion; row i samples from seed `seed * B + i`."""
         batch = cache.mask.shape[0]
         rows = self._per_row(batch, max_new_tokens if max_new is None else max_new, temperature, top_p)
-        seeds = jnp.arange(batch, dtype=jnp.uint32) + np.uint32(seed * batch)
+        seeds = jnp.arange(batch, dtype=jnp.uint32) + np.uint32(seed * batch % 2**32)
         return self._generate(self.params, self.config, cache, max_new_tokens, *rows, seeds, self.eos_id)
 
     def score(self, cache: pi05.PrefixCache, tokens: np.ndarray) -> jax.Array:

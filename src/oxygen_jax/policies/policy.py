@@ -8,7 +8,7 @@ and `policy_timing` out. With language on, `text` comes from the same prefill as
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -21,12 +21,16 @@ from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, transforms
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
+from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
 from oxygen_jax.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
 # Sampling at a higher temperature is indistinguishable from uniform over the vocabulary.
 MAX_TEMPERATURE = 100.0
+
+# A text task's instruction tokens (its suffix on the shared prefix; one compiled shape).
+MAX_TASK_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,14 +118,22 @@ class Policy:
         max_text_tokens: int | None = None,
         temperature: float | None = None,
         top_p: float | None = None,
+        text_tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, Any]:
         """openpi's `infer`, plus `text` and `text_tokens` when language is on for this call.
+
+        text_tasks: several named language tasks on this observation (see `policies.text_tasks`), each
+        its instruction appended to the shared prefix (`Engine.extend`); the reply then carries `texts`
+        (name -> text) and `texts_tokens` (name -> tokens) instead of `text`. One prefill serves the
+        actions and every task; per-task `max_text_tokens`/`temperature` default to this call's.
 
         noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic.
         prompt_for_text: ask for text (None: iff the policy's `max_text_tokens` > 0; False: actions only).
         max_text_tokens, temperature, top_p: this call's text budget (at most the policy's) and sampling.
         `policy_timing`: `infer_ms` until the actions are ready, `text_ms` until the text is.
         """
+        if text_tasks is not None:
+            return self._infer_tasks(obs, noise, text_tasks, max_text_tokens, temperature, top_p)
         budget = self.text_budget(prompt_for_text, max_text_tokens)
         temperature = self.text_temperature(temperature)
         top_p = self.text_top_p(top_p)
@@ -154,6 +166,58 @@ class Policy:
             timing["text_ms"] = (time.monotonic() - start) * 1000
             outputs["text"] = self.detokenize(tokens)
             outputs["text_tokens"] = tokens
+        outputs["policy_timing"] = timing
+        return outputs
+
+    def task_suffix(self, task: TextTask) -> list[int]:
+        """The task's instruction tokens, refused (one line) when longer than `MAX_TASK_TOKENS`."""
+        suffix = self._tokenizer.tokenize_task(task.instruction)
+        if len(suffix) > MAX_TASK_TOKENS:
+            raise ValueError(
+                f"text task {task.name!r}: instruction is {len(suffix)} tokens, at most {MAX_TASK_TOKENS}"
+            )
+        return suffix
+
+    def _infer_tasks(self, obs, noise, text_tasks, max_text_tokens, temperature, top_p) -> dict[str, Any]:
+        """Actions and one text per task, from one prefill plus one extension call."""
+        tasks = parse_text_tasks(text_tasks)
+        budgets = [
+            self.text_budget(True, max_text_tokens if t.max_text_tokens is None else t.max_text_tokens)
+            for t in tasks
+        ]
+        default_temperature = self.text_temperature(temperature)
+        temps = [
+            default_temperature if t.temperature is None else self.text_temperature(t.temperature)
+            for t in tasks
+        ]
+        suffixes = [self.task_suffix(t) for t in tasks]
+        arrays = self.model_inputs(obs)
+        observation = _inputs.observation_from_arrays(
+            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
+        )
+        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
+        noise = self.action_noise(noise, noise_seed)
+
+        start = time.monotonic()
+        cache = self.engine.prefill(observation)
+        actions = self.engine.denoise(cache, noise, self.num_steps)
+        outputs = self.robot_outputs(arrays["state"], np.asarray(actions[0]))
+        timing = {"infer_ms": (time.monotonic() - start) * 1000}
+        extended = self.engine.extend(cache, np.zeros(len(tasks), np.int32), suffixes, MAX_TASK_TOKENS)
+        pad = extended.mask.shape[0] - len(tasks)
+        text = self.engine.generate(
+            extended,
+            self.max_text_tokens,
+            temperature=np.array(temps + [0.0] * pad, np.float32),
+            top_p=self.text_top_p(top_p),
+            max_new=np.array(budgets + [1] * pad, np.int32),
+            seed=text_seed,
+        )
+        tokens, lengths = np.asarray(text.tokens), np.asarray(text.lengths)
+        by_task = {t.name: tokens[i, : lengths[i]].astype(np.int32) for i, t in enumerate(tasks)}
+        timing["text_ms"] = (time.monotonic() - start) * 1000
+        outputs["texts"] = {name: self.detokenize(ids) for name, ids in by_task.items()}
+        outputs["texts_tokens"] = by_task
         outputs["policy_timing"] = timing
         return outputs
 
