@@ -2,6 +2,12 @@
 
   python scripts/infer.py --config=pi05_tiny --checkpoint_dir=CKPT --obs=obs.npz --out=out.npz \
       --max_text_tokens=24
+  python scripts/infer.py --max_text_tokens=16 --text_task="narration:describe what you are doing" \
+      --text_task="memory:where is the cup"
+
+Each `--text_task=name:instruction` (repeatable) is a language task on the same observation: its
+instruction is appended to the shared prefix (`Engine.extend`, one call for every task and row) and
+`text_task/<name>` holds its text per row (`text_task_tokens/<name>` the tokens).
 
 `--obs` holds model-level arrays (`image/<camera>`, `image_mask/<camera>`, `tokenized_prompt`,
 `tokenized_prompt_mask`, optional `noise`); without it a synthetic observation is used.
@@ -27,6 +33,9 @@ _MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Generate up to N text to
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.")
+_TEXT_TASKS = flags.DEFINE_multi_string(
+    "text_task", [], "name:instruction of a language task on the same observation (repeatable)."
+)
 _SCORE = flags.DEFINE_string("score_tokens", None, "npy of int [B, N] continuations to score.")
 
 
@@ -38,6 +47,33 @@ def _timed(fn):
     start = time.perf_counter()
     jax.block_until_ready(fn())
     return result, first, time.perf_counter() - start
+
+
+def _text_tasks(engine, tokenizer, cache, batch: int, lines: list[str]) -> dict[str, np.ndarray]:
+    """Every --text_task on every row from one extension of the shared prefix and one decode."""
+    if _MAX_TEXT.value <= 0:
+        cli.fail("--text_task needs --max_text_tokens > 0")
+    tasks = []
+    for spec in _TEXT_TASKS.value:
+        name, sep, instruction = spec.partition(":")
+        if not sep or not name or not instruction.strip():
+            cli.fail(f"--text_task: expected name:instruction, got {spec!r}")
+        tasks.append((name, tokenizer.tokenize_task(instruction)))
+    if len({name for name, _ in tasks}) != len(tasks):
+        cli.fail(f"--text_task: names must be unique, got {[name for name, _ in tasks]}")
+    rows = np.tile(np.arange(batch), len(tasks))
+    suffixes = [suffix for _, suffix in tasks for _ in range(batch)]
+    extended = engine.extend(cache, rows, suffixes)
+    text = engine.generate(
+        extended, _MAX_TEXT.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value, seed=_SEED.value
+    )
+    out = {}
+    for t, (name, _) in enumerate(tasks):
+        tokens = np.asarray(text.tokens[t * batch : (t + 1) * batch], np.int32)
+        out[f"text_task_tokens/{name}"] = tokens
+        out[f"text_task/{name}"] = np.array([tokenizer.detokenize(row) for row in tokens], dtype=str)
+        lines += [f"  task {name!r} row {i}: {str(x)!r}" for i, x in enumerate(out[f"text_task/{name}"])]
+    return out
 
 
 def main(_):
@@ -84,6 +120,8 @@ def main(_):
         out["text"] = np.array([tokenizer.detokenize(row) for row in out["text_tokens"]], dtype=str)
         lines.append(f"text {_MAX_TEXT.value} tokens {text_s * 1e3:.1f} ms (first call {text_first:.2f} s)")
         lines += [f"  row {i}: {str(t)!r}" for i, t in enumerate(out["text"])]
+    if _TEXT_TASKS.value:
+        out.update(_text_tasks(engine, cli.build_tokenizer(cfg, _TOKENIZER.value), cache, batch, lines))
     if _SCORE.value:
         tokens = np.load(_SCORE.value)
         if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype.kind not in "iu":

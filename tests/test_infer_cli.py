@@ -98,3 +98,36 @@ def test_uint8_images_equal_their_float_conversion(model_io, tiny_config):
     b = inputs.observation_from_arrays(as_u8, tiny_config)
     for k in tiny_config.image_keys:
         np.testing.assert_allclose(a.images[k], b.images[k], rtol=0, atol=1e-6)
+
+
+def test_text_tasks_decode_from_the_extended_prefix(
+    tmp_path, obs_file, golden_params, tiny_config, golden_obs
+):
+    """Each --text_task's text per row equals greedy decoding from the prefix extended by its
+    instruction (computed here in-process), and a malformed task is a one-line error."""
+    from oxygen_jax.engine.engine import Engine
+    from oxygen_jax.tokenizer import Tokenizer
+
+    tasks = {"narrate": "describe what you are doing", "memory": "where is the cup"}
+    out_path = tmp_path / "out.npz"
+    run = _infer(
+        f"--obs={obs_file}",
+        f"--out={out_path}",
+        "--max_text_tokens=6",
+        f"--tokenizer_path={GOLDEN / 'tokenizer' / 'tiny_paligemma_standin.model'}",
+        *(f"--text_task={n}:{i}" for n, i in tasks.items()),
+    )
+    assert run.returncode == 0, run.stderr
+    out = np.load(out_path)
+    engine = Engine(golden_params, tiny_config)
+    tokenizer = Tokenizer(GOLDEN / "tokenizer" / "tiny_paligemma_standin.model")
+    cache = engine.prefill(golden_obs)
+    for name, instruction in tasks.items():
+        suffix = tokenizer.tokenize_task(instruction)
+        want = engine.generate(
+            engine.select_rows(engine.extend(cache, np.array([0, 1]), [suffix] * 2), np.arange(2)), 6
+        )
+        np.testing.assert_array_equal(out[f"text_task_tokens/{name}"], want.tokens)
+        assert out[f"text_task/{name}"].shape == (2,)
+    bad = _infer(f"--obs={obs_file}", "--max_text_tokens=6", "--text_task=nameonly")
+    assert bad.returncode != 0 and "expected name:instruction" in bad.stderr

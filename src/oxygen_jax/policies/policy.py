@@ -137,12 +137,7 @@ class Policy:
         budget = self.text_budget(prompt_for_text, max_text_tokens)
         temperature = self.text_temperature(temperature)
         top_p = self.text_top_p(top_p)
-        arrays = self.model_inputs(obs)
-        observation = _inputs.observation_from_arrays(
-            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
-        )
-        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
-        noise = self.action_noise(noise, noise_seed)
+        arrays, observation, noise, text_seed = self._prepare(obs, noise)
 
         start = time.monotonic()
         text = None
@@ -169,6 +164,15 @@ class Policy:
         outputs["policy_timing"] = timing
         return outputs
 
+    def _prepare(self, obs: Mapping[str, Any], noise: np.ndarray | None):
+        """(model-level arrays, batch-1 Observation, action noise, text seed) of one raw observation."""
+        arrays = self.model_inputs(obs)
+        observation = _inputs.observation_from_arrays(
+            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
+        )
+        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
+        return arrays, observation, self.action_noise(noise, noise_seed), text_seed
+
     def task_suffix(self, task: TextTask) -> list[int]:
         """The task's instruction tokens, refused (one line) when longer than `MAX_TASK_TOKENS`."""
         suffix = self._tokenizer.tokenize_task(task.instruction)
@@ -191,12 +195,7 @@ class Policy:
             for t in tasks
         ]
         suffixes = [self.task_suffix(t) for t in tasks]
-        arrays = self.model_inputs(obs)
-        observation = _inputs.observation_from_arrays(
-            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
-        )
-        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
-        noise = self.action_noise(noise, noise_seed)
+        arrays, observation, noise, text_seed = self._prepare(obs, noise)
 
         start = time.monotonic()
         cache = self.engine.prefill(observation)
