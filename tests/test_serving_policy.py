@@ -103,3 +103,19 @@ def test_concurrent_clients_get_their_own_answers(server, policy, noises):
     for replies in results:
         for which, actions in replies:
             np.testing.assert_array_equal(actions, expected[which])
+
+
+def test_text_tasks_in_a_request_reply_one_text_per_task(server, policy, noises):
+    """Three named tasks from one served request equal the local Policy.infer with the same tasks; a
+    bad task fails that request only, with a one-line error."""
+    tasks = {"subtask": "next subtask", "narration": "describe it", "memory": {"instruction": "the cup?"}}
+    client = connect(server)
+    served = client.infer(raw_observation() | {"noise": noises[1], "text_tasks": tasks})
+    local = policy.infer(raw_observation(), noise=noises[1], text_tasks=tasks)
+    np.testing.assert_array_equal(served["actions"], local["actions"])
+    assert served["texts"] == local["texts"] and list(served["texts"]) == list(tasks)
+    for name in tasks:
+        np.testing.assert_array_equal(served["texts_tokens"][name], local["texts_tokens"][name])
+    with pytest.raises(Exception, match="non-empty 'instruction'"):
+        client.infer(raw_observation() | {"text_tasks": {"empty": ""}})
+    assert "actions" in connect(server).infer(raw_observation())

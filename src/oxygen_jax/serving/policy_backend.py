@@ -6,7 +6,9 @@ transforms see the observation. Bad requests raise ValueError, which the server 
 "Bad request: ...".
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
-  it; the reply adds `text`, `text_tokens` and `text_done` (always True).
+  it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
+  `text_tasks` (name -> instruction, see `Policy.infer`): one prefill, and the reply's `texts` and
+  `texts_tokens` hold one text per task name.
 - `SessionServerBackend` (default): requests from all connections are grouped into frames of one
   `MultiRobotSession`, whose observations are prefilled together; each robot's language request advances
   k tokens per frame over its following requests. While a robot has one, its replies add `text` (the text
@@ -52,6 +54,12 @@ def _split_request(obs: dict) -> tuple[dict, dict[str, Any]]:
     return obs, options
 
 
+def _split_tasks(obs: dict) -> tuple[dict, Any]:
+    """(the request without `text_tasks`, its `text_tasks` or None)."""
+    obs = dict(obs)
+    return obs, obs.pop("text_tasks", None)
+
+
 class PolicyServerBackend:
     """The `PolicyBackend` the websocket server calls, one request at a time, around one Policy."""
 
@@ -63,8 +71,9 @@ class PolicyServerBackend:
         return self._policy.metadata
 
     def infer(self, obs: dict) -> dict:
+        obs, text_tasks = _split_tasks(obs)
         obs, options = _split_request(obs)
-        result = self._policy.infer(obs, **options)
+        result = self._policy.infer(obs, text_tasks=text_tasks, **options)
         if "text" in result:
             result["text_done"] = True
         return result
@@ -95,6 +104,9 @@ class SessionServerBackend:
         return self._session.metadata
 
     async def infer_async(self, obs: dict) -> dict:
+        obs, text_tasks = _split_tasks(obs)
+        if text_tasks is not None:
+            raise ValueError("'text_tasks' are served with --language=inline (one prefill per request)")
         obs, options = _split_request(obs)
         client = asyncio.current_task()
         if client not in self._clients:
