@@ -79,26 +79,28 @@ def main(_):
         f"batch state {manager.state_bytes / 2**20:.1f} MiB"
     )
     stats, texts, arrived = metrics.RunStats(), [], 0
-    counter = CompileCounter().__enter__()
-    progress = tqdm.tqdm(itertools.count(), desc="frames", unit="frame", total=_FRAMES.value)
-    for frame in progress:
-        if frame >= _FRAMES.value and not (_DRAIN.value and (manager.active or manager.queued)):
-            break
-        requests = []
-        if frame < _FRAMES.value:
-            for length in pattern.lengths_at(frame):
-                requests.append(
-                    TextRequest(arrived, length, temperature=_TEMPERATURE.value, seed=_SEED.value + arrived)
-                )
-                arrived += 1
-        result = scheduler.step([FrameInput(next(stream), requests=requests)])
-        stats.add(result)
-        texts += result.finished
-        progress.set_postfix(
-            {k: f"{v:.1f}" for k, v in stats.live().items()} | {"k": result.k, "batch": result.decode_batch}
-        )
-    progress.close()
-    counter.__exit__()
+    with CompileCounter() as counter:
+        progress = tqdm.tqdm(itertools.count(), desc="frames", unit="frame", total=_FRAMES.value)
+        for frame in progress:
+            if frame >= _FRAMES.value and not (_DRAIN.value and (manager.active or manager.queued)):
+                break
+            requests = []
+            if frame < _FRAMES.value:
+                for length in pattern.lengths_at(frame):
+                    requests.append(
+                        TextRequest(
+                            arrived, length, temperature=_TEMPERATURE.value, seed=_SEED.value + arrived
+                        )
+                    )
+                    arrived += 1
+            result = scheduler.step([FrameInput(next(stream), requests=requests)])
+            stats.add(result)
+            texts += result.finished
+            progress.set_postfix(
+                {k: f"{v:.1f}" for k, v in stats.live().items()}
+                | {"k": result.k, "batch": result.decode_batch}
+            )
+        progress.close()
 
     summary = {
         "config": cfg.name,

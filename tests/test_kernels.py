@@ -77,7 +77,9 @@ def test_batched_decode_compiles_with_eigen_dots_on_cpu(golden_params, tiny_conf
     YNNPACK dots."""
     engine = Engine(golden_params, tiny_config)
     state = engine.init_state(4, 8, engine.config.prefix_len)
-    decode = engine._decode.lower(engine.params, engine.config, state, jnp.int32(1), engine.eos_id)
+    decode = engine._decode.lower(
+        params=engine.params, config=engine.config, state=state, num_steps=jnp.int32(1), eos_id=engine.eos_id
+    )
     matvec = jax.jit(jnp.dot).lower(jnp.ones((4, 64)), jnp.ones((64, 64)))
     assert "__ynn_fusion" not in decode.compile().as_text()
     assert "__ynn_fusion" in matvec.compile().as_text()  # the check above can fail: YNNPACK is the default

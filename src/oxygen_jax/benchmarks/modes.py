@@ -73,15 +73,15 @@ class InFrame:
         total_s = time.perf_counter() - start
         new_tokens = sum(len(r.tokens) for r in finished)
         result = FrameResult(
-            self.frame,
-            actions,
-            finished,
-            steps,
-            len(lengths),
-            new_tokens,
-            action_s,
-            total_s - action_s,
-            total_s,
+            frame=self.frame,
+            actions=actions,
+            finished=finished,
+            k=steps,
+            decode_batch=len(lengths),
+            new_tokens=new_tokens,
+            action_s=action_s,
+            decode_s=total_s - action_s,
+            total_s=total_s,
         )
         self.frame += 1
         return result

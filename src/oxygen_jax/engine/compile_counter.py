@@ -38,7 +38,3 @@ class CompileCounter:
 
     def __exit__(self, *exc) -> None:
         self.count = compilations() - self._start
-
-    @property
-    def so_far(self) -> int:
-        return compilations() - self._start

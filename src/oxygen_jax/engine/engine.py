@@ -18,7 +18,6 @@ from oxygen_jax.models import pi05
 @dataclasses.dataclass
 class EngineStats:
     prefill_calls: int = 0
-    prefill_rows: int = 0
 
 
 class Engine:
@@ -40,29 +39,31 @@ class Engine:
         self.skip_masked_cameras = skip_masked_cameras
         self.params = jax.device_put(pi05.runtime_layout(pi05.cast_params(params, config.dtype)))
         self.stats = EngineStats()
-        static = {"static_argnums": (1,)}
-        self._prefill = jax.jit(pi05.prefill, static_argnums=(1, 3))
-        self._denoise = jax.jit(pi05.denoise, **static)
-        self._generate = jax.jit(language.generate, static_argnums=(1, 3, 8))
-        self._score = jax.jit(language.score, **static)
-        self._insert = jax.jit(batch_state.insert, donate_argnums=0)
+        # Entry points are called with keywords: a signature change cannot shift which argument is
+        # static or donated.
+        self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
+        self._denoise = jax.jit(pi05.denoise, static_argnames="config")
+        self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
+        self._score = jax.jit(language.score, static_argnames="config")
+        self._insert = jax.jit(batch_state.insert, donate_argnames="state")
         self._decode = jax.jit(
             batch_state.decode,
-            static_argnums=(1, 4),
-            donate_argnums=2,
+            static_argnames=("config", "eos_id"),
+            donate_argnames="state",
             compiler_options=dict(kernel_policy.decode_options),
         )
-        self._evict = jax.jit(batch_state.evict, donate_argnums=0)
+        self._evict = jax.jit(batch_state.evict, donate_argnames="state")
         self._select_rows = jax.jit(batch_state.select_rows)
-        self._extend = jax.jit(extension.extend, **static)
+        self._extend = jax.jit(extension.extend, static_argnames="config")
 
     # --- one observation batch ---
     def prefill(self, obs: pi05.Observation) -> pi05.PrefixCache:
         """One prefix pass. Cameras masked in every row are skipped (a third less work for LIBERO and
         DROID, which always mask one of three), unless the engine was built with skip_masked_cameras=False."""
         self.stats.prefill_calls += 1
-        self.stats.prefill_rows += obs.tokenized_prompt.shape[0]
-        return self._prefill(self.params, self.config, obs, self.masked_cameras(obs))
+        return self._prefill(
+            params=self.params, config=self.config, obs=obs, skip_cameras=self.masked_cameras(obs)
+        )
 
     def masked_cameras(self, obs: pi05.Observation) -> tuple[str, ...]:
         if not self.skip_masked_cameras:
@@ -70,7 +71,9 @@ class Engine:
         return tuple(k for k in self.config.image_keys if not np.asarray(obs.image_masks[k]).any())
 
     def denoise(self, cache: pi05.PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
-        return self._denoise(self.params, self.config, cache, noise, num_steps)
+        return self._denoise(
+            params=self.params, config=self.config, cache=cache, noise=noise, num_steps=num_steps
+        )
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
         return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))
@@ -89,10 +92,23 @@ class Engine:
         batch = cache.mask.shape[0]
         rows = self._per_row(batch, max_new_tokens if max_new is None else max_new, temperature, top_p)
         seeds = jnp.arange(batch, dtype=jnp.uint32) + np.uint32(seed * batch % 2**32)
-        return self._generate(self.params, self.config, cache, max_new_tokens, *rows, seeds, self.eos_id)
+        max_new, temperature, top_p = rows
+        return self._generate(
+            params=self.params,
+            config=self.config,
+            cache=cache,
+            max_new_tokens=max_new_tokens,
+            max_new=max_new,
+            temperature=temperature,
+            top_p=top_p,
+            seeds=seeds,
+            eos_id=self.eos_id,
+        )
 
     def score(self, cache: pi05.PrefixCache, tokens: np.ndarray) -> jax.Array:
-        return self._score(self.params, self.config, cache, jnp.asarray(tokens, jnp.int32))
+        return self._score(
+            params=self.params, config=self.config, cache=cache, tokens=jnp.asarray(tokens, jnp.int32)
+        )
 
     def act_and_speak(
         self, obs: pi05.Observation, noise: jax.Array, num_steps: int, max_new_tokens: int, **text_kwargs
@@ -124,7 +140,14 @@ class Engine:
             tokens[t, : len(suffix)] = suffix
             mask[t, : len(suffix)] = True
         rows = np.concatenate([np.asarray(rows, np.int32), np.zeros(tasks - len(suffixes), np.int32)])
-        return self._extend(self.params, self.config, cache, jnp.asarray(rows), tokens, mask)
+        return self._extend(
+            params=self.params,
+            config=self.config,
+            cache=cache,
+            rows=jnp.asarray(rows),
+            suffix=tokens,
+            suffix_mask=mask,
+        )
 
     # --- continuous batching ---
     def init_state(
@@ -148,16 +171,31 @@ class Engine:
     ) -> batch_state.BatchState:
         rows = self._per_row(len(slots), max_new, temperature, top_p)
         seeds = jnp.asarray(seeds, jnp.uint32)
-        return self._insert(state, cache, jnp.asarray(slots, jnp.int32), *rows, seeds)
+        max_new, temperature, top_p = rows
+        return self._insert(
+            state=state,
+            cache=cache,
+            slots=jnp.asarray(slots, jnp.int32),
+            max_new=max_new,
+            temperature=temperature,
+            top_p=top_p,
+            seeds=seeds,
+        )
 
     def select_rows(self, cache: pi05.PrefixCache, rows: np.ndarray) -> pi05.PrefixCache:
         return self._select_rows(cache, jnp.asarray(rows, jnp.int32))
 
     def decode(self, state: batch_state.BatchState, num_steps: int) -> batch_state.BatchState:
-        return self._decode(self.params, self.config, state, jnp.int32(num_steps), self.eos_id)
+        return self._decode(
+            params=self.params,
+            config=self.config,
+            state=state,
+            num_steps=jnp.int32(num_steps),
+            eos_id=self.eos_id,
+        )
 
     def evict(self, state: batch_state.BatchState, slots: np.ndarray) -> batch_state.BatchState:
-        return self._evict(state, jnp.asarray(slots, jnp.int32))
+        return self._evict(state=state, slots=jnp.asarray(slots, jnp.int32))
 
     @staticmethod
     def _per_row(batch: int, max_new, temperature, top_p) -> tuple[jax.Array, jax.Array, jax.Array]:

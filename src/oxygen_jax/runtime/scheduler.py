@@ -83,7 +83,15 @@ class FrameScheduler:
             self.k_policy.observe_frame(action_s, decode_s, k, total_s - action_s - decode_s)
         new_tokens = self.manager.tokens_generated - tokens_before
         result = FrameResult(
-            self.frame, actions, finished, k, decode_batch, new_tokens, action_s, decode_s, total_s
+            frame=self.frame,
+            actions=actions,
+            finished=finished,
+            k=k,
+            decode_batch=decode_batch,
+            new_tokens=new_tokens,
+            action_s=action_s,
+            decode_s=decode_s,
+            total_s=total_s,
         )
         self.frame += 1
         return result
