@@ -10,7 +10,7 @@ from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime import arrivals
-from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
+from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
@@ -198,13 +198,30 @@ def test_deadline_k_fills_the_frame_budget():
     policy = DeadlineK(target_hz=50, max_k=30, margin=0.9)
     assert policy.choose() == 1  # nothing measured yet
     for k in (1, 4, 8):  # decode(k) = 2 ms + 1 ms per step; actions take 10 ms
-        policy.observe_frame(action_s=0.010, decode_s=0.002 + 0.001 * k, k=k, other_s=0.0)
-    fixed, per_step = policy.decode_model()
+        policy.observe_action(action_s=0.010)
+        policy.observe_decode(k, decode_s=0.002 + 0.001 * k)
+    fixed, per_step = policy.cost.line()
     assert fixed == pytest.approx(0.002) and per_step == pytest.approx(0.001)
     assert policy.choose() == 6  # 0.9 * 20 ms - 10 ms - 2 ms = 6 ms of steps
     slow = dataclasses.replace(policy, target_hz=200)
-    slow.observe_frame(action_s=0.010, decode_s=0.003, k=1, other_s=0.0)
+    slow.observe_action(action_s=0.010)
+    slow.observe_decode(1, decode_s=0.003)
     assert slow.choose() == 1  # the action path alone overruns: language still moves one token
+
+
+def test_delay_bound_k_keeps_a_chunk_within_a_tenth_of_the_action_path():
+    policy = DelayBoundK(max_k=30)
+    assert policy.choose() == 1  # nothing measured yet
+    for k in (1, 4, 8):  # decode(k) = 1 ms + 0.5 ms per step
+        policy.observe_decode(k, decode_s=0.001 + 0.0005 * k)
+    assert policy.choose() == 1  # no action path measured: no budget yet
+    policy.observe_action(action_s=0.060)
+    assert policy.delay_budget_s == pytest.approx(0.006)
+    assert policy.choose() == 10  # (6 ms - 1 ms) / 0.5 ms
+    assert DelayBoundK(max_k=30, max_delay_s=0.003).choose() == 1  # unmeasured: one step
+    fixed = DelayBoundK(max_k=8, max_delay_s=0.020)
+    fixed.observe_decode(2, 0.002)
+    assert fixed.choose() == 8  # capped by max_k
 
 
 def test_warmup_sizes_the_state_to_the_robots_prefix(engine, variants):

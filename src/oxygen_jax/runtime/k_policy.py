@@ -1,15 +1,46 @@
-"""How many decode steps k to run in a frame.
+"""How many decode steps k to run at once: per frame (frame loop) or per chunk (device loop).
 
-`FixedK` always answers the same k. `DeadlineK` holds a target action rate: it learns online the action
-path's time (prefill + denoise) and the decode cost as a line t(k) = fixed + k * per_step, and picks the
-largest k whose predicted frame time fits the budget, so language throughput is as high as the action
-deadline allows.
+`FixedK` always answers the same k. The other two learn online what the action path (prefill + denoise)
+and a decode chunk cost, the latter as a line t(k) = fixed + k * per_step (`DecodeCost`), and pick the
+largest k that fits a time budget:
+- `DeadlineK` (frame loop) holds a target action rate: the action path, the host overhead and decode(k)
+  together fit one frame period;
+- `DelayBoundK` (device loop) bounds how long an arriving observation can wait behind a decode chunk:
+  decode(k) fits `max_delay_s`, by default a fraction of the measured action path.
 """
 
 import collections
 import dataclasses
 
 import numpy as np
+
+
+class DecodeCost:
+    """decode(k) seconds as a line `fixed + k * per_step`, least squares over the last `window` chunks."""
+
+    def __init__(self, window: int = 64):
+        self._chunks = collections.deque(maxlen=window)  # (k, seconds)
+
+    def observe(self, k: int, seconds: float) -> None:
+        if k > 0:
+            self._chunks.append((k, seconds))
+
+    def line(self) -> tuple[float, float]:
+        """(fixed seconds, seconds per step); (0, 0) before any chunk was measured."""
+        if not self._chunks:
+            return 0.0, 0.0
+        ks, ts = np.array(self._chunks, dtype=float).T
+        if len(set(ks)) < 2:
+            return 0.0, float(np.sum(ts) / max(np.sum(ks), 1.0))
+        per_step, fixed = np.polyfit(ks, ts, 1)
+        return max(float(fixed), 0.0), max(float(per_step), 1e-9)
+
+    def steps_within(self, budget_s: float, min_k: int, max_k: int) -> int:
+        """The largest k in [min_k, max_k] whose predicted chunk time fits `budget_s` (min_k unmeasured)."""
+        fixed, per_step = self.line()
+        if per_step == 0.0:
+            return min_k
+        return int(np.clip(np.floor((budget_s - fixed) / per_step), min_k, max_k))
 
 
 class FixedK:
@@ -21,7 +52,10 @@ class FixedK:
     def choose(self) -> int:
         return self.k
 
-    def observe_frame(self, action_s: float, decode_s: float, k: int, other_s: float) -> None:
+    def observe_action(self, action_s: float, other_s: float = 0.0) -> None:
+        """Fixed k learns nothing."""
+
+    def observe_decode(self, k: int, decode_s: float) -> None:
         """Fixed k learns nothing."""
 
 
@@ -44,38 +78,62 @@ class DeadlineK:
             raise ValueError(f"target_hz must be > 0, got {self.target_hz}")
         self._action = collections.deque(maxlen=self.window)
         self._other = collections.deque(maxlen=self.window)
-        self._decode = collections.deque(maxlen=self.window)  # (k, seconds)
+        self.cost = DecodeCost(self.window)
 
     @property
     def budget_s(self) -> float:
         return 1.0 / self.target_hz
 
-    def decode_model(self) -> tuple[float, float]:
-        """(fixed seconds, seconds per step) of decode(k), least squares over recent frames."""
-        if not self._decode:
-            return 0.0, 0.0
-        ks, ts = np.array(self._decode, dtype=float).T
-        if len(set(ks)) < 2:
-            return 0.0, float(np.sum(ts) / max(np.sum(ks), 1.0))
-        per_step, fixed = np.polyfit(ks, ts, 1)
-        return max(float(fixed), 0.0), max(float(per_step), 1e-9)
-
     def choose(self) -> int:
         if not self._action:
             return self.min_k  # first frame: measure before planning
-        fixed, per_step = self.decode_model()
-        if per_step == 0.0:
-            return self.min_k
-        spare = (
-            self.budget_s * self.margin
-            - float(np.median(self._action))
-            - float(np.median(self._other))
-            - fixed
-        )
-        return int(np.clip(np.floor(spare / per_step), self.min_k, self.max_k))
+        spare = self.budget_s * self.margin - float(np.median(self._action)) - float(np.median(self._other))
+        return self.cost.steps_within(spare, self.min_k, self.max_k)
 
-    def observe_frame(self, action_s: float, decode_s: float, k: int, other_s: float) -> None:
+    def observe_action(self, action_s: float, other_s: float = 0.0) -> None:
         self._action.append(action_s)
         self._other.append(other_s)
-        if k > 0:
-            self._decode.append((k, decode_s))
+
+    def observe_decode(self, k: int, decode_s: float) -> None:
+        self.cost.observe(k, decode_s)
+
+
+@dataclasses.dataclass
+class DelayBoundK:
+    """k such that one decode chunk takes at most `max_delay_s` (None: `action_fraction` of the median
+    measured action path), so an observation arriving during a chunk waits at most that long.
+
+    The decode cost grows with the batch, so the line is fit over a short recent window.
+    """
+
+    max_k: int
+    max_delay_s: float | None = None
+    action_fraction: float = 0.1
+    min_k: int = 1
+    window: int = 16
+
+    def __post_init__(self):
+        if self.max_delay_s is not None and self.max_delay_s <= 0:
+            raise ValueError(f"max_action_delay must be > 0, got {self.max_delay_s * 1e3:g} ms")
+        self._action = collections.deque(maxlen=64)
+        self.cost = DecodeCost(self.window)
+
+    @property
+    def delay_budget_s(self) -> float | None:
+        """The bound in force: the fixed one, or the fraction of the action path measured so far."""
+        if self.max_delay_s is not None:
+            return self.max_delay_s
+        return self.action_fraction * float(np.median(self._action)) if self._action else None
+
+    def choose(self) -> int:
+        budget = self.delay_budget_s
+        return self.min_k if budget is None else self.cost.steps_within(budget, self.min_k, self.max_k)
+
+    def observe_action(self, action_s: float, other_s: float = 0.0) -> None:
+        self._action.append(action_s)
+
+    def observe_decode(self, k: int, decode_s: float) -> None:
+        self.cost.observe(k, decode_s)
+
+
+KPolicy = FixedK | DeadlineK | DelayBoundK

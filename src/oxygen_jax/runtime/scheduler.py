@@ -4,6 +4,9 @@ Per frame: prefill the frame's observations once (rows padded to a bucketed batc
 emit the action chunks -> queue the frame's language requests on the same prefix cache -> admit them into
 free slots -> decode(k) for every active slot -> harvest finished requests (detokenize, callbacks) ->
 evict. k comes from a FixedK or DeadlineK policy.
+
+The two halves of a frame, `act` (the hard-deadline path) and `advance` (a decode chunk and its
+harvest), are also what the device loop (`runtime/device_loop.py`) schedules on its own clock.
 """
 
 import dataclasses
@@ -14,7 +17,7 @@ import numpy as np
 
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
-from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
+from oxygen_jax.runtime.k_policy import FixedK, KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager, bucket
 from oxygen_jax.runtime.requests import TextRequest, TextResult
 
@@ -27,6 +30,15 @@ class FrameInput:
     arrays: dict[str, np.ndarray]
     noise: np.ndarray | None = None
     requests: list[TextRequest] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class DecodeChunk:
+    k: int  # decode steps run (0: nothing was active)
+    decode_batch: int  # active slots during decode
+    new_tokens: int
+    finished: list[TextResult]
+    decode_s: float
 
 
 @dataclasses.dataclass
@@ -47,7 +59,7 @@ class FrameScheduler:
         self,
         engine: Engine,
         manager: KVCacheManager,
-        k_policy: FixedK | DeadlineK,
+        k_policy: KPolicy,
         *,
         num_steps: int = 10,
         max_prefill_batch: int = 4,
@@ -63,40 +75,52 @@ class FrameScheduler:
 
     def step(self, frame_inputs: list[FrameInput]) -> FrameResult:
         start = time.perf_counter()
-        actions: list[np.ndarray] = []
-        if frame_inputs:
-            actions = self._act_and_queue(frame_inputs)
+        actions = self.act(frame_inputs) if frame_inputs else []
         action_s = time.perf_counter() - start
-
         self.manager.admit(self.frame)
-        decode_batch = self.manager.active
-        k = self.k_policy.choose() if decode_batch else 0
-        tokens_before = self.manager.tokens_generated
-        decode_start = time.perf_counter()
-        if k:
-            self.manager.decode(k)
-            jax.block_until_ready(self.manager.state.done)
-        decode_s = time.perf_counter() - decode_start
-        finished = self.manager.harvest(self.frame)
+        k = self.k_policy.choose() if self.manager.active else 0
+        chunk = self.advance(k)
         total_s = time.perf_counter() - start
+        self.k_policy.observe_decode(k, chunk.decode_s)
         if frame_inputs:
-            self.k_policy.observe_frame(action_s, decode_s, k, total_s - action_s - decode_s)
-        new_tokens = self.manager.tokens_generated - tokens_before
+            self.k_policy.observe_action(action_s, total_s - action_s - chunk.decode_s)
         result = FrameResult(
             frame=self.frame,
             actions=actions,
-            finished=finished,
+            finished=chunk.finished,
             k=k,
-            decode_batch=decode_batch,
-            new_tokens=new_tokens,
+            decode_batch=chunk.decode_batch,
+            new_tokens=chunk.new_tokens,
             action_s=action_s,
-            decode_s=decode_s,
+            decode_s=chunk.decode_s,
             total_s=total_s,
         )
         self.frame += 1
         return result
 
-    def _act_and_queue(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+    def advance(self, k: int) -> DecodeChunk:
+        """decode(k) for every active slot (admitted requests only), then harvest: stream new tokens,
+        finish and evict done requests."""
+        decode_batch = self.manager.active
+        tokens_before = self.manager.tokens_generated
+        start = time.perf_counter()
+        if k and decode_batch:
+            self.manager.decode(k)
+            jax.block_until_ready(self.manager.state.done)
+        decode_s = time.perf_counter() - start
+        finished = self.manager.harvest(self.frame)
+        new_tokens = self.manager.tokens_generated - tokens_before
+        return DecodeChunk(
+            k=k if decode_batch else 0,
+            decode_batch=decode_batch,
+            new_tokens=new_tokens,
+            finished=finished,
+            decode_s=decode_s,
+        )
+
+    def act(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+        """Prefill + denoise: one action chunk per input, on the host. The inputs' language requests are
+        queued on the same prefix cache (`manager.admit` moves them into slots)."""
         n = len(frame_inputs)
         size = bucket(n, self.max_prefill_batch)
         rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row

@@ -1,0 +1,236 @@
+"""One thread owns the device: waiting observations first, language decode chunks whenever none waits.
+
+Robots send an observation, execute the returned actions for a while, then send the next, so the device
+is idle between their requests. `DeviceLoop` takes two classes of work from other threads:
+
+- observations (`submit`): it gathers what is waiting (up to the scheduler's prefill batch, until every
+  expected sender has one in or `gather_s` after the first), runs prefill + denoise (`FrameScheduler.act`)
+  and hands each its actions the moment they are on the host, before any language work; the batch's
+  language requests then join the batch state;
+- language (`mode="async"`): whenever no observation is ready, one decode chunk of k steps over every
+  running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks. k comes from
+  the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay it allows), so an
+  observation that arrives during a chunk waits at most that chunk.
+
+`mode="frame"` is the paper's frame loop driven by arrivals: each gathered batch runs one whole
+`FrameScheduler.step` (actions, then decode(k)) before its replies leave, and language advances only in
+frames. With nothing to do the thread blocks on a condition variable (no spinning). The scheduler, its
+manager and every callback belong to this thread once it started; other threads reach them through
+`call`. `stop` answers every observation already received before the thread ends.
+"""
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from collections.abc import Callable, Hashable
+
+import numpy as np
+
+from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+
+logger = logging.getLogger(__name__)
+
+MODES = ("async", "frame")
+
+
+@dataclasses.dataclass
+class ActionReply:
+    """What one observation gets: its actions ([H, action_dim]) or the error that stopped its batch."""
+
+    actions: np.ndarray | None
+    error: Exception | None
+    wait_s: float  # receipt until the device started on its batch
+    action_s: float  # its batch's prefill + denoise (frame mode: the whole frame)
+    batch: int  # observations prefilled together with it
+
+
+@dataclasses.dataclass
+class ObservationWork:
+    """One observation for the device; `reply` runs on the device thread once its actions are ready."""
+
+    frame_input: FrameInput
+    reply: Callable[[ActionReply], None]
+    sender: Hashable = None
+    received: float = dataclasses.field(default_factory=time.perf_counter)
+
+
+@dataclasses.dataclass
+class DeviceLoopStats:
+    """Where the device thread's time went since `start`."""
+
+    action_s: float = 0.0  # prefill + denoise (frame mode: whole frames)
+    decode_s: float = 0.0  # decode chunks with their harvest
+    idle_s: float = 0.0  # blocked with nothing to do
+    batches: int = 0
+    observations: int = 0
+    chunks: int = 0
+    chunk_steps: int = 0
+    chunk_rows: int = 0  # sum over chunks of active slots x steps: tokens the chunks could produce
+    wakeups: int = 0  # times the thread woke from waiting
+    started: float = 0.0
+
+    def busy_fraction(self, now: float | None = None) -> float:
+        wall = (now or time.perf_counter()) - self.started
+        return (self.action_s + self.decode_s) / max(wall, 1e-9)
+
+
+class _Step(enum.Enum):
+    CALLS = "calls"
+    OBSERVE = "observe"
+    DECODE = "decode"
+    EXIT = "exit"
+
+
+class DeviceLoop:
+    def __init__(
+        self,
+        scheduler: FrameScheduler,
+        *,
+        mode: str = "async",
+        gather_s: float = 0.0,
+        expected_senders: Callable[[], int] = lambda: 1,
+    ):
+        """gather_s: how long the first waiting observation may wait for others to be prefilled with it;
+        expected_senders(): how many distinct senders to expect (a batch starts as soon as that many have
+        an observation in)."""
+        if mode not in MODES:
+            raise ValueError(f"loop must be one of {MODES}, got {mode!r}")
+        self.scheduler = scheduler
+        self.mode = mode
+        self.gather_s = gather_s
+        self.expected_senders = expected_senders
+        self.stats = DeviceLoopStats()
+        self._cond = threading.Condition()
+        self._waiting: list[ObservationWork] = []
+        self._calls: list[Callable[[], None]] = []
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    @property
+    def max_batch(self) -> int:
+        return self.scheduler.max_prefill_batch
+
+    def start(self) -> "DeviceLoop":
+        if self._thread is not None:
+            raise RuntimeError("device loop already started")
+        self.stats = DeviceLoopStats(started=time.perf_counter())
+        self._thread = threading.Thread(target=self._run, name="device-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def submit(self, work: ObservationWork) -> None:
+        """Queues an observation (any thread); RuntimeError once the loop is stopping."""
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("the device loop is shutting down")
+            self._waiting.append(work)
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Runs `fn` on the device thread before its next piece of work (e.g. to cancel a request)."""
+        with self._cond:
+            self._calls.append(fn)
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Refuses new observations, answers every waiting one, then ends the thread."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError("the device loop did not stop in time")
+            self._thread = None
+
+    # --- the device thread ---
+    def _run(self) -> None:
+        while True:
+            step, payload = self._next()
+            if step is _Step.EXIT:
+                return
+            if step is _Step.CALLS:
+                for fn in payload:
+                    try:
+                        fn()
+                    except Exception:
+                        logger.exception("device loop call failed")
+            elif step is _Step.OBSERVE:
+                self._observe(payload)
+            else:
+                self._decode_chunk()
+
+    def _next(self) -> tuple[_Step, list]:
+        """The next piece of work by priority: calls, a gathered batch of observations, a decode chunk;
+        blocks (no spinning) while there is none."""
+        manager = self.scheduler.manager
+        with self._cond:
+            while True:
+                if self._calls:
+                    calls, self._calls = self._calls, []
+                    return _Step.CALLS, calls
+                now = time.perf_counter()
+                if self._waiting and (self._closed or self._gathered(now)):
+                    batch = self._waiting[: self.max_batch]
+                    del self._waiting[: len(batch)]
+                    return _Step.OBSERVE, batch
+                if self.mode == "async" and not self._closed and (manager.active or manager.queued):
+                    return _Step.DECODE, []
+                if self._closed and not self._waiting:
+                    return _Step.EXIT, []
+                timeout = self._waiting[0].received + self.gather_s - now if self._waiting else None
+                self._cond.wait(timeout)
+                self.stats.idle_s += time.perf_counter() - now
+                self.stats.wakeups += 1
+
+    def _gathered(self, now: float) -> bool:
+        senders = {work.sender for work in self._waiting}
+        return (
+            len(self._waiting) >= self.max_batch
+            or len(senders) >= self.expected_senders()
+            or now - self._waiting[0].received >= self.gather_s
+        )
+
+    def _observe(self, batch: list[ObservationWork]) -> None:
+        scheduler = self.scheduler
+        start = time.perf_counter()
+        inputs = [work.frame_input for work in batch]
+        try:
+            if self.mode == "frame":
+                actions = scheduler.step(inputs).actions
+            else:
+                actions = scheduler.act(inputs)
+                scheduler.frame += 1
+        except Exception as error:  # the whole batch failed: each of its observations hears why
+            logger.exception("a batch of %d observations failed", len(batch))
+            actions, failure = [None] * len(batch), error
+        else:
+            failure = None
+        action_s = time.perf_counter() - start
+        if self.mode == "async" and failure is None:
+            scheduler.k_policy.observe_action(action_s)
+        self.stats.action_s += action_s
+        self.stats.batches += 1
+        self.stats.observations += len(batch)
+        for work, chunk in zip(batch, actions, strict=True):
+            reply = ActionReply(chunk, failure, start - work.received, action_s, len(batch))
+            try:
+                work.reply(reply)
+            except Exception:
+                logger.exception("an observation's reply callback failed")
+
+    def _decode_chunk(self) -> None:
+        scheduler = self.scheduler
+        scheduler.manager.admit(scheduler.frame)
+        k = scheduler.k_policy.choose()
+        start = time.perf_counter()
+        chunk = scheduler.advance(k)
+        chunk_s = time.perf_counter() - start
+        scheduler.k_policy.observe_decode(chunk.k, chunk_s)
+        scheduler.frame += 1
+        self.stats.decode_s += chunk_s
+        self.stats.chunks += 1
+        self.stats.chunk_steps += chunk.k
+        self.stats.chunk_rows += chunk.k * chunk.decode_batch
