@@ -5,6 +5,8 @@
   python scripts/benchmark.py --config=pi05 --sweeps=ablation --out=DIR   # full size (GPU, bf16)
   python scripts/benchmark.py --full_forward               # full-size pi05 action chunk, f32 on CPU
   python scripts/benchmark.py --report_only --out=DIR      # tables and plots from DIR/runs/*.json
+  python scripts/benchmark.py --serving --out=DIR          # closed-loop robots: action_only / frame / async
+  python scripts/benchmark.py --serving --serving_sweep    # R in {1, 4, 16} x think time in {0, 100, 300} ms
 
 Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
 DIR defaults to benchmarks/results/<machine>.
@@ -14,11 +16,12 @@ import json
 import os
 import pathlib
 
+import jax
 import tqdm
 from absl import app, flags
 
 from oxygen_jax import cli, config
-from oxygen_jax.benchmarks import plots, report, runner, spec, sweeps
+from oxygen_jax.benchmarks import plots, report, runner, serving, spec, sweeps, worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,6 +47,9 @@ _FULL_FORWARD = flags.DEFINE_bool(
     "full_forward", False, "Time one full-size pi05 action chunk (random init)."
 )
 _SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "Keep runs already recorded in --out (resume).")
+_SERVING = flags.DEFINE_bool("serving", False, "Robots (R=1 T=300 ms, R=4 T=0): DIR/serving.json.")
+_SERVING_SWEEP = flags.DEFINE_bool("serving_sweep", False, "--serving for R in 1,4,16 x T in 0,100,300 ms.")
+_SERVING_SECONDS = flags.DEFINE_float("serving_seconds", 20.0, "Seconds each serving mode runs.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")
 
 
@@ -81,7 +87,30 @@ def _report(out: pathlib.Path) -> None:
     print(json.dumps({k: v for k, v in quick.items() if k != "memory"}, indent=1))
 
 
+def _serving(cfg, cache_dir: str | None) -> None:
+    """Every serving mode at each setting, in this process on one engine (compiled once)."""
+    worker.setup_jax(cache_dir)
+    run_spec = spec.RunSpec("oxygen")
+    engine = worker.build_engine(cfg, run_spec)
+    observations = [spec.observation(engine.config, run_spec.layout, i) for i in range(8)]
+    grid = [(1, 300.0), (4, 0.0)]
+    if _SERVING_SWEEP.value:
+        grid = [(r, t) for r in (1, 4, 16) for t in (0.0, 100.0, 300.0)]
+    info = {"config": cfg.name, "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+    out = _out_dir(info)
+    results = {**info, "settings": {}}
+    for robots, think_ms in tqdm.tqdm(grid, desc="serving settings"):
+        setting = serving.Setting(robots, think_ms, seconds=_SERVING_SECONDS.value)
+        result = serving.run_setting(engine, observations, setting, run_spec.num_steps)
+        results["settings"][setting.name] = result
+        _write_json(out / "serving.json", results)
+    print(json.dumps(results, indent=1))
+
+
 def main(_):
+    if _SERVING.value:
+        _serving(_CONFIG.value, _CACHE.value or None)
+        return
     if _REPORT_ONLY.value:
         if not _OUT.value:
             cli.fail("--report_only needs --out")

@@ -40,7 +40,8 @@ class DecodeCost:
         fixed, per_step = self.line()
         if per_step == 0.0:
             return min_k
-        return int(np.clip(np.floor((budget_s - fixed) / per_step), min_k, max_k))
+        steps = (budget_s - fixed) / per_step + 1e-6  # a fitted line's rounding must not cost a step
+        return int(np.clip(np.floor(steps), min_k, max_k))
 
 
 class FixedK:
