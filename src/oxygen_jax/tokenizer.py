@@ -139,6 +139,11 @@ class Tokenizer:
         (no BOS: it continues the prompt; the `\\n` starts the answer, as in `tokenize`)."""
         return self._sp.encode(clean_prompt(instruction)) + self._sp.encode("\n")
 
+    def tokenize_target(self, text: str) -> list[int]:
+        """A training target the language head learns to generate after the prompt: `{text}` + EOS (no
+        BOS: it continues the prompt, whose trailing `\\n` starts the answer). Decoding stops at the EOS."""
+        return [*self._sp.encode(clean_prompt(text)), EOS_ID]
+
     def detokenize(self, ids: Sequence[int] | np.ndarray) -> str:
         """Text of a 1-D id sequence up to the first EOS, without padding.
 

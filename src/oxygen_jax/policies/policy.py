@@ -19,7 +19,7 @@ from oxygen_jax import checkpoints, config
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
-from oxygen_jax.policies import aloha, droid, libero, normalization, transforms
+from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
 from oxygen_jax.tokenizer import Tokenizer
@@ -48,7 +48,35 @@ _ROBOTS = {
     "aloha": _Robot(
         aloha.make_aloha_pipeline, aloha.RAW_SPEC, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}
     ),
+    "table": _Robot(table.make_table_pipeline, table.RAW_SPEC, table.ACTION_DIM),
 }
+
+
+def robot(cfg) -> _Robot:
+    """The robot a config names (`cfg.robot`), or a one-line error listing the known ones."""
+    found = _ROBOTS.get(cfg.get("robot"))
+    if found is None:
+        raise ValueError(
+            f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
+        )
+    return found
+
+
+def robot_pipeline(
+    cfg,
+    norm_stats: Mapping[str, normalization.NormStats] | None,
+    tokenizer: transforms.PromptTokenizer,
+    *,
+    default_prompt: str | None = None,
+) -> transforms.Pipeline:
+    """The config's robot transforms around the model (serving and training use the same ones)."""
+    return robot(cfg).make_pipeline(
+        norm_stats,
+        tokenizer,
+        action_dim=cfg.model.action_dim,
+        discrete_state_input=cfg.model.discrete_state_input,
+        default_prompt=default_prompt,
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -292,30 +320,20 @@ def create_policy(
     cfg = config.load_config(config_name)
     if overrides:
         cfg.update_from_flattened_dict(dict(overrides))
-    robot = _ROBOTS.get(cfg.get("robot"))
-    if robot is None:
-        raise ValueError(
-            f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
-        )
+    found = robot(cfg)
     model_config = config.model_config(cfg)
     params = load_params(model_config, checkpoint_dir, seed=cfg.seed, dtype=params_dtype)
     norm_stats = _norm_stats(cfg, checkpoint_dir)
     tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
-    pipeline = robot.make_pipeline(
-        norm_stats,
-        _FittingPrompt(tokenizer),
-        action_dim=model_config.action_dim,
-        discrete_state_input=cfg.model.discrete_state_input,
-        default_prompt=default_prompt,
-    )
+    pipeline = robot_pipeline(cfg, norm_stats, _FittingPrompt(tokenizer), default_prompt=default_prompt)
     return Policy(
         Engine(params, model_config, eos_id=tokenizer.eos_id),
-        RobotIO(robot.raw_spec, pipeline, model_config),
+        RobotIO(found.raw_spec, pipeline, model_config),
         tokenizer,
         num_steps=num_steps or cfg.num_steps,
         max_text_tokens=max_text_tokens,
         temperature=cfg.engine.temperature,
         top_p=cfg.engine.top_p,
         seed=cfg.seed,
-        metadata={"config": cfg.name, "robot": cfg.robot, "action_dim": robot.action_dim, **robot.metadata},
+        metadata={"config": cfg.name, "robot": cfg.robot, "action_dim": found.action_dim, **found.metadata},
     )

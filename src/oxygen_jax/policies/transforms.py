@@ -49,10 +49,13 @@ class Pipeline:
     """`inputs`: raw robot observation -> model inputs; `outputs`: {"state", "actions"} -> robot actions.
 
     `outputs` needs the model-input `state` next to the raw model `actions` (delta-action robots add it back).
+    `data_inputs` is the robot part of `inputs` (repack + robot transforms, before normalization): norm
+    stats are computed on its output, as openpi computes them.
     """
 
     inputs: Compose
     outputs: Compose
+    data_inputs: Compose
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,4 +261,5 @@ def make_pipeline(
         PadStatesAndActions(action_dim),
     ]
     outputs = [Unnormalize(norm_stats, use_quantiles=use_quantiles), *robot_outputs]
-    return Pipeline(inputs=compose(inputs), outputs=compose(outputs))
+    data_inputs = compose([*repack, *robot_inputs])
+    return Pipeline(inputs=compose(inputs), outputs=compose(outputs), data_inputs=data_inputs)

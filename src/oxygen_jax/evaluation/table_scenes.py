@@ -1,0 +1,93 @@
+"""The demo table task: coloured cubes on a table seen from above, a prompt naming one, a gripper reaching it.
+
+A scene holds three cubes of different colours in three slots (left, middle, right). The prompt asks for
+one colour ("pick up the red cube"); the true subtask names the cube and where it is ("reach the red cube
+on the left"), which the image alone tells; the actions are the gripper's next positions on a straight
+line from where it is toward the cube, `STEPS` moves from the start to the cube. Everything is rendered
+here with numpy, so the demo model's sentences and actions can be checked against the truth.
+"""
+
+import dataclasses
+from collections.abc import Iterator
+
+import numpy as np
+
+IMAGE_SIZE = 224
+COLOURS = {
+    "red": (215, 40, 40),
+    "green": (40, 165, 60),
+    "blue": (45, 85, 215),
+    "yellow": (235, 205, 40),
+}
+# Slot -> (x of its centre, the words the subtask uses).
+SLOTS = {"left": (0.2, "on the left"), "middle": (0.5, "in the middle"), "right": (0.8, "on the right")}
+GRIPPER_START = np.array([0.5, 0.85], np.float32)
+# Moves of the gripper from its start to the cube; an episode shows every position on the way.
+STEPS = 10
+_TABLE = np.array([196, 164, 118], np.uint8)
+_CUBE_HALF = 0.07
+_GRIPPER_RADIUS = 0.05
+
+
+@dataclasses.dataclass(frozen=True)
+class Scene:
+    colours: tuple[str, str, str]  # colour in the left, middle and right slot
+    positions: np.ndarray  # [3, 2] cube centres (x right, y down, in [0, 1])
+    target: int  # slot of the cube the prompt names
+
+    @property
+    def prompt(self) -> str:
+        return f"pick up the {self.colours[self.target]} cube"
+
+    @property
+    def subtask(self) -> str:
+        words = list(SLOTS.values())[self.target][1]
+        return f"reach the {self.colours[self.target]} cube {words}"
+
+    @property
+    def goal(self) -> np.ndarray:
+        return self.positions[self.target]
+
+    def gripper(self, step: int) -> np.ndarray:
+        """Gripper position after `step` moves (at the cube from `STEPS` on)."""
+        fraction = min(step, STEPS) / STEPS
+        return (GRIPPER_START + fraction * (self.goal - GRIPPER_START)).astype(np.float32)
+
+    def action_chunk(self, step: int, horizon: int) -> np.ndarray:
+        """The true actions [horizon, 2] at `step`: the gripper's next `horizon` positions."""
+        return np.stack([self.gripper(step + k) for k in range(1, horizon + 1)])
+
+    def observation(self, step: int = 0) -> dict:
+        """What the table robot sends its policy (`policies.table`)."""
+        return {
+            "observation/image": render(self, self.gripper(step)),
+            "observation/state": self.gripper(step),
+            "prompt": self.prompt,
+        }
+
+
+def random_scene(rng: np.random.Generator) -> Scene:
+    colours = tuple(str(c) for c in rng.choice(list(COLOURS), size=3, replace=False))
+    x = np.array([centre for centre, _ in SLOTS.values()]) + rng.uniform(-0.06, 0.06, 3)
+    y = rng.uniform(0.2, 0.45, 3)
+    return Scene(colours, np.stack([x, y], axis=1).astype(np.float32), int(rng.integers(3)))
+
+
+def scenes(seed: int) -> Iterator[Scene]:
+    """An endless reproducible stream of scenes (train and held-out sets use different seeds)."""
+    rng = np.random.default_rng(seed)
+    while True:
+        yield random_scene(rng)
+
+
+def render(scene: Scene, gripper: np.ndarray) -> np.ndarray:
+    """uint8 [224, 224, 3]: the table, the three cubes and the gripper as a dark ring."""
+    image = np.broadcast_to(_TABLE, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
+    grid = (np.arange(IMAGE_SIZE) + 0.5) / IMAGE_SIZE
+    ys, xs = np.meshgrid(grid, grid, indexing="ij")
+    for colour, (cx, cy) in zip(scene.colours, scene.positions, strict=True):
+        inside = (np.abs(xs - cx) <= _CUBE_HALF) & (np.abs(ys - cy) <= _CUBE_HALF)
+        image[inside] = COLOURS[colour]
+    distance = np.hypot(xs - gripper[0], ys - gripper[1])
+    image[(distance <= _GRIPPER_RADIUS) & (distance >= _GRIPPER_RADIUS * 0.55)] = (30, 30, 30)
+    return image

@@ -1,0 +1,34 @@
+"""A config's dataset as train examples and norm stats (its `data` section names the columns)."""
+
+from collections.abc import Mapping
+
+from oxygen_jax import config
+from oxygen_jax.policies.normalization import NormStats
+from oxygen_jax.policies.policy import robot_pipeline
+from oxygen_jax.tokenizer import Tokenizer
+from oxygen_jax.training.data.examples import Columns, FrameSource, TrainExamples
+from oxygen_jax.training.data.lerobot import LeRobotDataset
+from oxygen_jax.training.data.norm_stats import compute_norm_stats
+
+
+def columns(cfg) -> Columns:
+    """`cfg.data.repack` ("raw_key=column" pairs), `cfg.data.actions` and `cfg.data.subtask` (or None)."""
+    pairs = [entry.split("=", 1) for entry in cfg.data.repack]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError(f"config data.repack entries must be 'raw_key=column', got {list(cfg.data.repack)}")
+    return Columns(repack=dict(pairs), actions=cfg.data.actions, subtask=cfg.data.get("subtask"))
+
+
+def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | None) -> TrainExamples:
+    """Examples of the LeRobot dataset at `dataset_dir` through the config's robot transforms."""
+    model_config = config.model_config(cfg)
+    source = FrameSource(LeRobotDataset(dataset_dir), columns(cfg), model_config.action_horizon)
+    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    return TrainExamples(source, robot_pipeline(cfg, norm_stats, tokenizer), tokenizer, model_config)
+
+
+def dataset_norm_stats(cfg, dataset_dir: str) -> dict[str, NormStats]:
+    """openpi-style norm stats (`state`, `actions`) of the dataset after the robot transforms."""
+    examples = train_examples(cfg, dataset_dir, None)
+    frames = (examples.robot_data(i) for i in range(len(examples)))
+    return compute_norm_stats(frames, total=len(examples))
