@@ -16,13 +16,15 @@ class InputError(ValueError):
     """An input array is missing or malformed; the message names the key and what was expected."""
 
 
-def _get(arrays: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+def require_array(arrays: Mapping[str, np.ndarray], key: str) -> np.ndarray:
+    """arrays[key] as numpy, or an InputError naming the keys that are there."""
     if key not in arrays:
         raise InputError(f"missing input {key!r}; got keys {sorted(arrays)}")
     return np.asarray(arrays[key])
 
 
-def _check(key: str, value: np.ndarray, shape: tuple, kinds: str, what: str) -> None:
+def check_array(key: str, value: np.ndarray, shape: tuple, kinds: str, what: str) -> None:
+    """dtype kind in `kinds`, shape matching `shape` (None: any size), finite floats; else InputError."""
     if value.dtype.kind not in kinds:
         raise InputError(f"{key!r}: expected {what}, got dtype {value.dtype}")
     if len(value.shape) != len(shape) or any(
@@ -43,11 +45,11 @@ def image_to_float(image: np.ndarray) -> np.ndarray:
 
 def observation_from_arrays(arrays: Mapping[str, np.ndarray], config: Pi05Config) -> Observation:
     """Validates model-level arrays and packs them into an Observation (images as float32)."""
-    prompt = _get(arrays, "tokenized_prompt")
-    _check("tokenized_prompt", prompt, (None, None), "iu", "int token ids [B, L]")
+    prompt = require_array(arrays, "tokenized_prompt")
+    check_array("tokenized_prompt", prompt, (None, None), "iu", "int token ids [B, L]")
     batch = prompt.shape[0]
-    prompt_mask = _get(arrays, "tokenized_prompt_mask")
-    _check("tokenized_prompt_mask", prompt_mask, prompt.shape, "b", "bool [B, L]")
+    prompt_mask = require_array(arrays, "tokenized_prompt_mask")
+    check_array("tokenized_prompt_mask", prompt_mask, prompt.shape, "b", "bool [B, L]")
     if prompt.shape[1] > config.max_token_len:
         raise InputError(
             f"'tokenized_prompt': length {prompt.shape[1]} exceeds max_token_len {config.max_token_len}"
@@ -57,15 +59,15 @@ def observation_from_arrays(arrays: Mapping[str, np.ndarray], config: Pi05Config
     size = config.image_size
     images, masks = {}, {}
     for cam in config.image_keys:
-        image = _get(arrays, f"image/{cam}")
+        image = require_array(arrays, f"image/{cam}")
         what = "uint8 or float32 in [-1, 1] [B, H, W, 3]"
-        _check(f"image/{cam}", image, (batch, size, size, 3), "uf", what)
+        check_array(f"image/{cam}", image, (batch, size, size, 3), "uf", what)
         if image.dtype.kind == "u" and image.dtype != np.uint8:  # only uint8 is rescaled to [-1, 1]
             raise InputError(f"'image/{cam}': expected {what}, got dtype {image.dtype}")
         images[cam] = image_to_float(image)
         mask_key = f"image_mask/{cam}"
         mask = np.asarray(arrays[mask_key]) if mask_key in arrays else np.ones(batch, bool)
-        _check(mask_key, mask, (batch,), "b", "bool [B]")
+        check_array(mask_key, mask, (batch,), "b", "bool [B]")
         masks[cam] = mask
     return Observation(
         images=images,
@@ -79,7 +81,7 @@ def noise_from_arrays(arrays: Mapping[str, np.ndarray], config: Pi05Config, batc
     if "noise" not in arrays:
         return None
     noise = np.asarray(arrays["noise"])
-    _check(
+    check_array(
         "noise",
         noise,
         (batch, config.action_horizon, config.action_dim),
