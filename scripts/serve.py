@@ -3,8 +3,11 @@
   python scripts/serve.py --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24 --k=2
   python scripts/serve.py --config=pi05_tiny --checkpoint_dir=../shared/golden/checkpoint --port=8001
 
-`--env` picks the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config`
-sets that config's robot transforms; `--config.x=...` overrides apply either way. Without
+`--env` takes openpi's environment names in any case (`LIBERO`, `DROID`, `ALOHA`, `ALOHA_SIM`). It picks
+the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config` sets that
+config's robot transforms; `--config.x=...` overrides apply either way. An observation without a prompt
+gets `--default_prompt`, else the robot's as openpi's configs have it (`ALOHA_SIM`: "Transfer cube").
+`--record` saves each request and reply as openpi's `serve_policy.py --record` does. Without
 `--checkpoint_dir` the model is random-initialized (for smoke tests only).
 
 By default (`--language=stream`) several robots are served at once: requests from different connections
@@ -24,17 +27,27 @@ from oxygen_jax.params import PARAMS_DTYPES
 from oxygen_jax.policies.policy import create_policy
 from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
 from oxygen_jax.runtime.session import MultiRobotSession
-from oxygen_jax.serving import websocket_server
+from oxygen_jax.serving import recorder, websocket_server
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 
-_ENV = flags.DEFINE_enum("env", "libero", ["libero", "droid", "aloha"], "Robot; picks config pi05_<env>.")
+_ENV = flags.DEFINE_enum(
+    "env",
+    "libero",
+    ["libero", "droid", "aloha", "aloha_sim"],
+    "Robot (openpi's env names, any case); picks config pi05_<env>.",
+    case_sensitive=False,
+)
 _CONFIG = cli.define_config_flag("pi05_libero")
 _CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
 _HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
 _MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Text tokens per language request (0: actions only).")
-_PROMPT = flags.DEFINE_string("default_prompt", None, "Prompt for observations that carry none.")
+_PROMPT = flags.DEFINE_string(
+    "default_prompt", None, "Prompt for observations that carry none (default: the robot's, if any)."
+)
+_RECORD = flags.DEFINE_bool("record", False, "Save each request and reply (openpi's policy records).")
+_RECORD_DIR = flags.DEFINE_string("record_dir", recorder.DEFAULT_RECORD_DIR, "Where --record writes.")
 _PARAMS_DTYPE = flags.DEFINE_enum(
     "params_dtype", "bfloat16", list(PARAMS_DTYPES), "Restore params as this dtype (openpi: bfloat16)."
 )
@@ -86,6 +99,8 @@ def main(_):
         )
         backend = SessionServerBackend(session, gather_ms=_GATHER_MS.value)
     logging.info("serving metadata: %s", backend.metadata)
+    if _RECORD.value:
+        backend = recorder.recording(backend, _RECORD_DIR.value)
     limits = websocket_server.ServerLimits(
         max_message_mb=_MAX_MESSAGE_MB.value,
         max_connections=_MAX_CONNECTIONS.value,

@@ -187,16 +187,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def serve_script(log_dir: pathlib.Path, *flags: str) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`scripts/serve.py` on the golden checkpoint in a subprocess, until it answers /healthz."""
+def serve_script(
+    log_dir: pathlib.Path, *flags: str, golden: bool = True
+) -> Iterator[tuple[subprocess.Popen, int]]:
+    """`scripts/serve.py` on the tiny config in a subprocess, until it answers /healthz; on the golden
+    checkpoint and tokenizer unless `golden` is False (then random-initialized)."""
     port = free_port()
+    checkpoint = [f"--checkpoint_dir={GOLDEN / 'checkpoint'}", f"--tokenizer_path={TOKENIZER}"]
     command = [
         sys.executable,
         str(SERVE),
         "--env=libero",
         "--config=pi05_tiny",
-        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
-        f"--tokenizer_path={TOKENIZER}",
+        *(checkpoint if golden else []),
         f"--port={port}",
         *flags,
     ]

@@ -6,6 +6,7 @@ and `policy_timing` out. With language on, `text` comes from the same prefill as
 """
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -39,6 +40,8 @@ class _Robot:
     raw_spec: RawSpec
     action_dim: int
     metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # The prompt of observations that carry none (openpi's data config `default_prompt`).
+    default_prompt: str | None = None
 
 
 _ROBOTS = {
@@ -47,6 +50,13 @@ _ROBOTS = {
     # openpi's pi05_aloha policy metadata: the arm pose clients reset to.
     "aloha": _Robot(
         aloha.make_aloha_pipeline, aloha.RAW_SPEC, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}
+    ),
+    # openpi's ALOHA sim data (pi0_aloha_sim): absolute joint actions and the one task's prompt.
+    "aloha_sim": _Robot(
+        functools.partial(aloha.make_aloha_pipeline, use_delta_joint_actions=False),
+        aloha.RAW_SPEC,
+        aloha.ACTION_DIM,
+        default_prompt="Transfer cube",
     ),
     "table": _Robot(table.make_table_pipeline, table.RAW_SPEC, table.ACTION_DIM),
 }
@@ -69,13 +79,15 @@ def robot_pipeline(
     *,
     default_prompt: str | None = None,
 ) -> transforms.Pipeline:
-    """The config's robot transforms around the model (serving and training use the same ones)."""
-    return robot(cfg).make_pipeline(
+    """The config's robot transforms around the model (serving and training use the same ones); prompt-less
+    observations get `default_prompt`, else the robot's (as openpi's data configs)."""
+    found = robot(cfg)
+    return found.make_pipeline(
         norm_stats,
         tokenizer,
         action_dim=cfg.model.action_dim,
         discrete_state_input=cfg.model.discrete_state_input,
-        default_prompt=default_prompt,
+        default_prompt=found.default_prompt if default_prompt is None else default_prompt,
     )
 
 
@@ -315,7 +327,8 @@ def create_policy(
     Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json`, as openpi's
     `create_trained_policy`, which also restores params as bfloat16: `params_dtype="bfloat16"` replicates
     that (the engine then casts to its compute dtype), "float32" keeps full precision, None the stored
-    dtype. `overrides` are flattened config fields, e.g. `{"model.discrete_state_input": False}`.
+    dtype. `default_prompt` (else the robot's, as openpi's data configs) fills observations without one.
+    `overrides` are flattened config fields, e.g. `{"model.discrete_state_input": False}`.
     """
     cfg = config.load_config(config_name)
     if overrides:

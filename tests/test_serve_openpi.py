@@ -1,0 +1,123 @@
+"""serve.py used as openpi's serve_policy.py: openpi's env names, a prompt-less ALOHA sim client, --record."""
+
+import signal
+
+import numpy as np
+import pytest
+from conftest import GOLDEN
+from test_policy import TOKENIZER, make_policy, raw_observation
+from test_serving_session import serve_script
+
+from oxygen_jax.policies import normalization
+from oxygen_jax.policies.policy import create_policy
+from oxygen_jax.serving import recorder
+from oxygen_jax.serving.policy_backend import PolicyServerBackend
+from oxygen_jax.serving.websocket_server import BackgroundServer
+
+# openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
+client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    # openpi-client's own use of websockets; not ours to fix.
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+ALOHA_SIM_PROMPT = "Transfer cube"  # openpi's pi0_aloha_sim default_prompt
+
+
+def aloha_observation() -> dict:
+    """What openpi's ALOHA sim client sends: the top camera and 14 joints, and no prompt."""
+    rng = np.random.default_rng(0)
+    return {
+        "images": {"cam_high": rng.integers(0, 256, (3, 224, 224), dtype=np.uint8)},
+        "state": rng.uniform(-0.5, 0.5, 14).astype(np.float32),
+    }
+
+
+@pytest.fixture(scope="module")
+def noise() -> np.ndarray:
+    return np.random.default_rng(1).standard_normal((10, 32)).astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def aloha_checkpoint(tmp_path_factory):
+    """The golden tiny params with ALOHA-sized (14 joints) norm stats under the tiny config's asset id."""
+    checkpoint = tmp_path_factory.mktemp("aloha_checkpoint")
+    (checkpoint / "params").symlink_to(GOLDEN / "checkpoint" / "params")
+    ones = np.ones(14)
+    stats = normalization.NormStats(mean=0 * ones, std=ones, q01=-ones, q99=ones)
+    normalization.save_norm_stats(
+        checkpoint / "assets" / "physical-intelligence" / "libero", {"state": stats, "actions": stats}
+    )
+    return checkpoint
+
+
+@pytest.fixture(scope="module")
+def aloha_sim_server(tmp_path_factory, aloha_checkpoint):
+    """serve.py --env=ALOHA_SIM (openpi's spelling) --record on the tiny model."""
+    records = tmp_path_factory.mktemp("records")
+    flags = (
+        "--env=ALOHA_SIM",
+        f"--checkpoint_dir={aloha_checkpoint}",
+        f"--tokenizer_path={TOKENIZER}",
+        "--record",
+        f"--record_dir={records}",
+    )
+    with serve_script(tmp_path_factory.mktemp("serve"), *flags, golden=False) as (process, port):
+        yield process, port, records
+
+
+@pytest.fixture(scope="module")
+def prompt_less_reply(aloha_sim_server, noise):
+    _, port, _ = aloha_sim_server
+    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    return client.infer(aloha_observation() | {"noise": noise})
+
+
+def test_aloha_sim_server_answers_a_prompt_less_observation_with_the_default_prompt(
+    prompt_less_reply, noise, aloha_checkpoint
+):
+    local = create_policy(
+        "pi05_tiny", str(aloha_checkpoint), tokenizer_path=TOKENIZER, overrides={"robot": "aloha_sim"}
+    )
+    with_default = local.infer(aloha_observation() | {"prompt": ALOHA_SIM_PROMPT}, noise=noise)["actions"]
+    with_other = local.infer(aloha_observation() | {"prompt": "Insert the peg"}, noise=noise)["actions"]
+    assert prompt_less_reply["actions"].shape == (10, 14)
+    np.testing.assert_allclose(prompt_less_reply["actions"], with_default, atol=1e-4, rtol=0)
+    assert np.abs(with_other - with_default).max() > 1e-3  # the prompt shows in the actions
+
+
+def test_record_holds_openpis_flat_inputs_and_outputs(aloha_sim_server, prompt_less_reply, noise):
+    _, _, records = aloha_sim_server
+    record = np.load(records / "step_0.npy", allow_pickle=True).item()
+    sent = aloha_observation()
+    assert sorted(record) == sorted(
+        ["inputs/images/cam_high", "inputs/state", "inputs/noise"]
+        + [f"outputs/{key}" for key in prompt_less_reply if key not in ("policy_timing", "server_timing")]
+        + [f"outputs/policy_timing/{key}" for key in prompt_less_reply["policy_timing"]]
+    )
+    np.testing.assert_array_equal(record["inputs/images/cam_high"], sent["images"]["cam_high"])
+    np.testing.assert_array_equal(record["inputs/state"], sent["state"])
+    np.testing.assert_array_equal(record["inputs/noise"], noise)
+    np.testing.assert_array_equal(record["outputs/actions"], prompt_less_reply["actions"])
+
+
+def test_aloha_sim_server_exits_cleanly(aloha_sim_server, prompt_less_reply):
+    process, _, _ = aloha_sim_server
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 0
+
+
+def test_recording_a_one_request_backend_numbers_the_steps(tmp_path):
+    policy = make_policy("dsi0")
+    backend = recorder.recording(PolicyServerBackend(policy), tmp_path / "records")
+    with BackgroundServer(backend) as server:
+        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+        assert client.get_server_metadata() == policy.metadata
+        replies = [client.infer(raw_observation()) for _ in range(2)]
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["step_0.npy", "step_1.npy"]
+    for step, reply in enumerate(replies):
+        record = np.load(tmp_path / "records" / f"step_{step}.npy", allow_pickle=True).item()
+        assert record["inputs/prompt"] == raw_observation()["prompt"]
+        np.testing.assert_array_equal(record["outputs/actions"], reply["actions"])
