@@ -108,3 +108,8 @@ def load_config(name_or_path: str) -> ml_collections.ConfigDict:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.get_config()
+
+
+def get_config(name_or_path: str) -> ml_collections.ConfigDict:
+    """openpi's name for `load_config` (`openpi.training.config.get_config`): ported scripts read the same."""
+    return load_config(name_or_path)

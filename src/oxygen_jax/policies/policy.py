@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 
 from oxygen_jax import checkpoints, config
@@ -312,7 +313,7 @@ def _norm_stats(cfg, checkpoint_dir: str | None) -> dict[str, normalization.Norm
 
 
 def create_policy(
-    config_name: str,
+    config_name: str | ml_collections.ConfigDict,
     checkpoint_dir: str | None,
     *,
     tokenizer_path: str | None = None,
@@ -320,23 +321,29 @@ def create_policy(
     default_prompt: str | None = None,
     num_steps: int | None = None,
     params_dtype: str | None = "bfloat16",
+    norm_stats: Mapping[str, normalization.NormStats] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Policy:
-    """A policy for the config `<config_name>` (its `robot` picks the transforms) on an openpi checkpoint.
+    """A policy for the config `<config_name>` (or a loaded config; its `robot` picks the transforms) on an
+    openpi checkpoint.
 
-    Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json`, as openpi's
+    Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json` unless given, as openpi's
     `create_trained_policy`, which also restores params as bfloat16: `params_dtype="bfloat16"` replicates
     that (the engine then casts to its compute dtype), "float32" keeps full precision, None the stored
     dtype. `default_prompt` (else the robot's, as openpi's data configs) fills observations without one.
     `overrides` are flattened config fields, e.g. `{"model.discrete_state_input": False}`.
     """
-    cfg = config.load_config(config_name)
+    if isinstance(config_name, str):
+        cfg = config.load_config(config_name)
+    else:
+        cfg = config_name.copy_and_resolve_references()
     if overrides:
         cfg.update_from_flattened_dict(dict(overrides))
     found = robot(cfg)
     model_config = config.model_config(cfg)
     params = load_params(model_config, checkpoint_dir, seed=cfg.seed, dtype=params_dtype)
-    norm_stats = _norm_stats(cfg, checkpoint_dir)
+    if norm_stats is None:
+        norm_stats = _norm_stats(cfg, checkpoint_dir)
     tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
     pipeline = robot_pipeline(cfg, norm_stats, _FittingPrompt(tokenizer), default_prompt=default_prompt)
     return Policy(
