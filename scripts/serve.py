@@ -85,7 +85,7 @@ def main(_):
             params_dtype=_PARAMS_DTYPE.value,
             overrides=overrides,
         )
-    except (FileNotFoundError, ValueError) as error:
+    except (OSError, ValueError) as error:  # missing files, an unreachable URL, bad values
         cli.fail(str(error))
     if _LANGUAGE.value == "inline":
         backend = PolicyServerBackend(policy)

@@ -19,11 +19,12 @@ import numpy as np
 import orbax.checkpoint as ocp
 from flax import traverse_util
 
-_CACHE_ENV = "OPENPI_DATA_HOME"
-_DEFAULT_CACHE = "~/.cache/openpi"
-_GCS_PREFIX = "gs://"
+from oxygen_jax import download
+
 _CACHE_SUBDIR = "openpi-assets/checkpoints"
 _TREE_METADATA = "_METADATA"
+# openpi's PyTorch checkpoints (converted from the JAX ones) hold this file instead of params/.
+_PYTORCH_WEIGHTS = "model.safetensors"
 
 KeyPath = tuple[str, ...]
 
@@ -42,11 +43,6 @@ class CheckpointMismatchError(ValueError):
         super().__init__("\n".join(lines))
 
 
-def _cache_dir() -> pathlib.Path:
-    """openpi's download cache (same env variable and default as openpi)."""
-    return pathlib.Path(os.getenv(_CACHE_ENV, _DEFAULT_CACHE)).expanduser()
-
-
 def _is_params_dir(path: pathlib.Path) -> bool:
     return (path / _TREE_METADATA).is_file()
 
@@ -61,6 +57,12 @@ def _match_layout(path: pathlib.Path) -> pathlib.Path | None:
     """The directory holding `params/` for a release, training-run, step or bare params dir."""
     if (path / "params").is_dir():
         return path
+    if (path / _PYTORCH_WEIGHTS).is_file():
+        raise ValueError(
+            f"{path} is an openpi PyTorch checkpoint ({_PYTORCH_WEIGHTS}), which is not loaded here: pass "
+            f"the JAX checkpoint it was converted from (a folder with params/, e.g. gs://openpi-assets/"
+            f"checkpoints/{path.name})"
+        )
     if _is_params_dir(path):
         # A params dir under another name has no sibling assets; restore reads it directly.
         return path.parent if path.name == "params" else path
@@ -68,16 +70,17 @@ def _match_layout(path: pathlib.Path) -> pathlib.Path | None:
 
 
 def resolve_checkpoint_dir(path_or_name: str | os.PathLike[str]) -> pathlib.Path:
-    """Find a checkpoint given a local path, an openpi cache name (`pi05_libero`) or its `gs://` URL.
+    """Find a checkpoint given a local path, an openpi cache name (`pi05_libero`) or a URL (`gs://...`).
 
+    A URL is downloaded into openpi's cache first, as openpi does, unless a copy is there already.
     Accepts the release layout `<dir>/params`, a training run `<run>/<step>/params` (the highest step
-    wins, or the given step dir), and a bare params dir. Returns the directory that holds `params/`.
+    wins, or the given step dir), and a bare params dir; an openpi PyTorch checkpoint is refused with a
+    one-line ValueError. Returns the directory that holds `params/`.
     """
     text = os.fspath(path_or_name)
-    cache = _cache_dir()
-    if text.startswith(_GCS_PREFIX):
-        # openpi downloads `gs://bucket/path` to `<cache>/bucket/path`.
-        candidates = [cache / text.removeprefix(_GCS_PREFIX)]
+    cache = download.cache_dir()
+    if download.is_url(text):
+        candidates = [download.maybe_download(text)]
     else:
         local = pathlib.Path(text).expanduser()
         candidates = [local.absolute()]
@@ -99,8 +102,8 @@ def resolve_checkpoint_dir(path_or_name: str | os.PathLike[str]) -> pathlib.Path
     raise FileNotFoundError(
         f"no checkpoint found for {text!r}; tried:\n"
         + "\n".join(tried)
-        + f"\nOfficial openpi checkpoints live at gs://openpi-assets/checkpoints/<name>; copy one into the"
-        f" cache (set ${_CACHE_ENV} to move it), e.g.\n"
+        + f"\nOfficial openpi checkpoints live at gs://openpi-assets/checkpoints/<name>: pass that URL to"
+        f" download one into the cache (set $OPENPI_DATA_HOME to move it), or copy it there, e.g.\n"
         f"  gsutil -m cp -r gs://openpi-assets/checkpoints/{name} {target.parent}/\n"
         f"then pass {name!r} or {str(target)!r}."
     )
