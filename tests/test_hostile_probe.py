@@ -1,0 +1,46 @@
+"""`scripts/probe_isolation.py` end to end: serve.py on the tiny model (language on) under every hostile
+kind of request and transport fault, beside a healthy robot that checks its own replies."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from oxygen_jax.policies import libero
+from oxygen_jax.serving import hostile_probe
+
+SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "probe_isolation.py"
+
+
+def test_hostile_kinds_each_break_one_thing_of_a_valid_observation():
+    base = hostile_probe.valid_observation(libero.RAW_SPEC)
+    cases = hostile_probe.hostile_requests(libero.RAW_SPEC, base)
+    assert len(cases) >= 40
+    assert base["observation/image"].dtype.name == "uint8" and base["observation/state"].shape == (8,)
+    assert {"state string", "image uint16", "extra actions key", "missing state"} <= set(cases)
+    assert cases["extra actions key"]["observation/image"] is base["observation/image"]
+
+
+@pytest.mark.slow  # ~1.5 min on a quiet 2-core machine: the script is also the recorded figure
+@pytest.mark.timeout(600)
+def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), "--env=libero", "--max_text_tokens=4", f"--out={tmp_path}"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    record = json.loads((tmp_path / "isolation.json").read_text())
+    summary, outcomes = record["summary"], record["outcomes"]
+    assert summary["healthy_affected"] == 0 and summary["healthy_replies"] > 10
+    assert summary["healthy_texts_done"] > 0  # its language kept completing under attack
+    assert summary["hostile_kinds"] == len(outcomes) >= 45
+    for name in ("state string", "image uint16", "state 1000-level nesting", "option temperature inf"):
+        assert outcomes[name]["kind"] == "refused" and "\n" not in outcomes[name]["detail"], name
+    oversize = outcomes["fault 200 MB message"]
+    assert oversize["kind"] == "closed" and "1009" in oversize["detail"]
+    assert outcomes["extra actions key"]["kind"] == "answered"
