@@ -54,7 +54,44 @@ def base_config() -> ml_collections.ConfigDict:
     c.engine.max_new_tokens = 30
     c.engine.temperature = 0.0
     c.engine.top_p = 1.0
+    c.training = training_defaults()
     return c
+
+
+def training_defaults() -> ml_collections.ConfigDict:
+    """openpi's fine-tuning recipe (oxygen_jax.training): AdamW + warmup-cosine, EMA, actions-only loss."""
+    t = ml_collections.ConfigDict()
+    t.batch_size = 32
+    t.num_train_steps = 30_000
+    # openpi's AdamW() and CosineDecaySchedule() defaults.
+    t.peak_lr = 2.5e-5
+    t.warmup_steps = 1_000
+    t.decay_steps = 30_000
+    t.decay_lr = 2.5e-6
+    t.b1 = 0.9
+    t.b2 = 0.95
+    t.eps = 1e-8
+    t.weight_decay = 1e-10
+    t.clip_gradient_norm = 1.0
+    # openpi's pi0.5 fine-tunes average the params with 0.999; None turns the EMA off (openpi's LoRA runs).
+    t.ema_decay = ml_collections.FieldReference(0.999, field_type=float)
+    # The subtask text loss needs model.prefix_attention="causal_text"; 0: openpi's actions-only loss.
+    t.text_loss_weight = 0.0
+    t.action_loss_weight = 1.0
+    # Action dims the flow loss averages over (0: all of model.action_dim; the rest is padding).
+    t.real_action_dim = 0
+    # Regex over "/"-joined param paths kept fixed, e.g. "PaliGemma/img/.*" (the vision tower).
+    t.freeze = ""
+    # Frozen params are stored in this dtype (openpi: bfloat16); None keeps them as loaded.
+    t.frozen_dtype = ml_collections.FieldReference("bfloat16", field_type=str)
+    # LoRA rank per Gemma expert (0: off); openpi's gemma_2b_lora uses 16, gemma_300m_lora 32.
+    t.lora_paligemma_rank = 0
+    t.lora_action_expert_rank = 0
+    t.log_interval = 100
+    t.save_interval = 1_000
+    # Checkpoints kept besides the latest: every step divisible by keep_period (0: none).
+    t.keep_period = 5_000
+    return t
 
 
 def resolve_dtype(dtype: str) -> str:
