@@ -24,7 +24,7 @@ NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARK_SCRIPT = ROOT / "scripts" / "benchmark.py"
 KERNEL_NAME = "oxygen-jax-test"
-COLAB_URL = "https://colab.research.google.com/github/oxygen-jax/oxygen_jax/blob/main/notebooks/{}"
+REPO_URL_SOURCE = 'REPO_URL = os.environ.get("OXYGEN_REPO_URL", "")'
 CELL_TIMEOUT_S = 600
 
 
@@ -46,10 +46,14 @@ def test_notebook_is_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
-def test_notebook_has_colab_badge(path):
-    first = nbformat.read(path, as_version=4).cells[0]
-    assert first.cell_type == "markdown"
-    assert COLAB_URL.format(path.name) in first.source
+def test_notebook_clones_from_the_one_url_setting(path):
+    """The clone URL comes from OXYGEN_REPO_URL (no repository address is written into a notebook), and
+    the first cell says so."""
+    nb = nbformat.read(path, as_version=4)
+    assert "OXYGEN_REPO_URL" in nb.cells[0].source
+    sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
+    assert sum(REPO_URL_SOURCE in source for source in sources) == 1
+    assert not any("://" in source for source in sources)
 
 
 @pytest.fixture

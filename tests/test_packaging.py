@@ -18,7 +18,7 @@ def installed(tmp_path_factory) -> pathlib.Path:
     # setuptools builds in the source folder: build from a copy of what the wheel is made of.
     project = tmp / "project"
     shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, project / name)
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(project)],
@@ -49,5 +49,14 @@ def test_installed_wheel_loads_a_config_by_name(installed, tmp_path):
     package_file, loaded = run.stdout.splitlines()
     assert pathlib.Path(package_file).is_relative_to(installed)
     assert loaded.startswith("pi05_tiny 10 [")
-    for name in ("pi05", "pi05_aloha", "pi05_cpu", "pi05_droid", "pi05_libero", "pi05_tiny"):
+    names = ("pi05", "pi05_aloha", "pi05_aloha_sim", "pi05_cpu", "pi05_droid", "pi05_libero", "pi05_tiny")
+    for name in names:
         assert repr(name) in loaded
+
+
+def test_installed_wheel_declares_apache_2_and_carries_the_license(installed):
+    (dist_info,) = installed.glob("oxygen_jax-*.dist-info")
+    assert "License-Expression: Apache-2.0" in (dist_info / "METADATA").read_text().splitlines()
+    license_text = (dist_info / "licenses" / "LICENSE").read_text()
+    assert license_text == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in license_text and "Version 2.0" in license_text

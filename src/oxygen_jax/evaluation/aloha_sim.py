@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.evaluation import common
+from oxygen_jax.evaluation import common, mujoco_pair
 from oxygen_jax.policies import image_tools
 
 # Task -> the prompt the ALOHA sim models were trained with.
@@ -36,7 +36,10 @@ class Settings:
 
 
 def check_simulator() -> Any:
-    """Renderer and packages, checked before a policy takes its time to load; returns `gymnasium`."""
+    """Renderer, packages and the mujoco/dm-control pair, checked before a policy takes its time to load;
+    returns `gymnasium`."""
+    if problem := mujoco_pair.installed_mismatch():
+        raise common.SetupError(problem)
     common.configure_mujoco_gl()
     common.require("gym_aloha", install=INSTALL, purpose="the ALOHA simulation")
     return common.require("gymnasium", install=INSTALL, purpose="the ALOHA simulation")
