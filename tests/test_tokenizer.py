@@ -4,8 +4,10 @@ import importlib.util
 import json
 import logging
 import pathlib
+import uuid
 from types import ModuleType
 
+import fsspec
 import numpy as np
 import pytest
 
@@ -95,6 +97,28 @@ def test_resolves_from_openpi_cache(tmp_path: pathlib.Path, monkeypatch: pytest.
     monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "data"))
     assert resolve_tokenizer_path(None) == cached
     assert Tokenizer().vocab_size == 1024
+
+
+def test_url_downloads_into_openpis_cache_layout(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "data"))
+    memory = fsspec.filesystem("memory")
+    bucket = f"tokenizers-{uuid.uuid4().hex[:8]}"
+    memory.pipe(f"/{bucket}/big_vision/paligemma_tokenizer.model", STANDIN.read_bytes())
+    try:
+        url = f"memory://{bucket}/big_vision/paligemma_tokenizer.model"
+        assert Tokenizer(url).path == tmp_path / "data" / bucket / "big_vision" / "paligemma_tokenizer.model"
+        assert Tokenizer(url).vocab_size == 1024
+    finally:
+        memory.rm(f"/{bucket}", recursive=True)
+
+
+def test_gs_url_finds_openpis_cached_copy(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """openpi keeps gs://big_vision/paligemma_tokenizer.model where the cache lookup reads it."""
+    cached = tmp_path / "data" / "big_vision" / "paligemma_tokenizer.model"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(STANDIN.read_bytes())
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "data"))
+    assert resolve_tokenizer_path("gs://big_vision/paligemma_tokenizer.model") == cached
 
 
 def test_special_ids(tok: Tokenizer) -> None:

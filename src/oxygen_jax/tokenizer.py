@@ -13,6 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import sentencepiece
 
+from oxygen_jax import download
+
 logger = logging.getLogger(__name__)
 
 TOKENIZER_URL = "gs://big_vision/paligemma_tokenizer.model"
@@ -35,10 +37,14 @@ def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathli
 
     `path="standin"` selects the bundled 1024-piece stand-in (PaliGemma's special ids, other pieces) for
     small vocab-1024 configs; it takes precedence over a file of that name in the working directory.
+    A URL (openpi's `gs://big_vision/paligemma_tokenizer.model`) is downloaded into openpi's cache first,
+    as openpi does, unless a copy is there already.
     An explicit `path` is never silently replaced by a cached file: a typo must not load another tokenizer.
     """
     if path == STANDIN:
         candidates = [_BUNDLED_STANDIN]
+    elif path is not None and download.is_url(os.fspath(path)):
+        candidates = [download.maybe_download(os.fspath(path))]
     elif path is not None:
         candidates = [pathlib.Path(path).expanduser()]
     else:
@@ -53,8 +59,8 @@ def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathli
     tried = "\n".join(f"  - {c}" for c in candidates)
     raise FileNotFoundError(
         f"PaliGemma tokenizer model not found. Tried:\n{tried}\n"
-        f"The file is openpi's {TOKENIZER_URL} (openpi downloads it into its cache, "
-        f"$OPENPI_DATA_HOME or ~/.cache/openpi, under {_RELATIVE_PATH}). "
+        f"The file is openpi's {TOKENIZER_URL} (pass that URL to download it; openpi downloads it into "
+        f"its cache, $OPENPI_DATA_HOME or ~/.cache/openpi, under {_RELATIVE_PATH}). "
         f'Small vocab-1024 configs use path="{STANDIN}", the stand-in bundled at {_BUNDLED_STANDIN} '
         f"(rebuild it with scripts/make_standin_tokenizer.py); golden parity tests use {_STANDIN_PATH}."
     )
