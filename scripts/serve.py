@@ -7,8 +7,9 @@
 the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config` sets that
 config's robot transforms; `--config.x=...` overrides apply either way. An observation without a prompt
 gets `--default_prompt`, else the robot's as openpi's configs have it (`ALOHA_SIM`: "Transfer cube").
-`--record` saves each request and reply as openpi's `serve_policy.py --record` does. Without
-`--checkpoint_dir` the model is random-initialized (for smoke tests only).
+`--record` saves each request and reply as openpi's `serve_policy.py --record` does.
+`--checkpoint_dir=default` serves openpi's default checkpoint for the env (downloaded into openpi's cache,
+as openpi does); without `--checkpoint_dir` the model is random-initialized (for smoke tests only).
 
 By default (`--language=stream`) several robots are served at once: requests from different connections
 that arrive within `--gather_ms` (or as soon as every connected robot has one in) form one frame, up to
@@ -38,7 +39,12 @@ _ENV = flags.DEFINE_enum(
     case_sensitive=False,
 )
 _CONFIG = cli.define_config_flag("pi05_libero")
-_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
+_CHECKPOINT = flags.DEFINE_string(
+    "checkpoint_dir",
+    None,
+    "openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' (openpi's default for "
+    "--env); random init when absent.",
+)
 _TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
 _PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
 _HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
@@ -69,6 +75,27 @@ _IDLE_TIMEOUT_S = flags.DEFINE_float(
 _DEBUG_ERRORS = flags.DEFINE_bool("debug_errors", False, "Send tracebacks to clients, not only to the log.")
 
 
+# The checkpoints openpi's serve_policy.py serves for each env by default (`--checkpoint_dir=default`).
+# Its ALOHA_SIM default is a pi0 model (pi0_aloha_sim), which a pi0.5 server cannot load.
+_OPENPI_DEFAULT_CHECKPOINTS = {
+    "libero": "gs://openpi-assets/checkpoints/pi05_libero",
+    "droid": "gs://openpi-assets/checkpoints/pi05_droid",
+    "aloha": "gs://openpi-assets/checkpoints/pi05_base",
+}
+
+
+def checkpoint_dir() -> str | None:
+    """--checkpoint_dir, with 'default' as openpi's default checkpoint for --env."""
+    if _CHECKPOINT.value != "default":
+        return _CHECKPOINT.value
+    if _ENV.value not in _OPENPI_DEFAULT_CHECKPOINTS:
+        cli.fail(
+            f"--env={_ENV.value} has no pi0.5 default checkpoint (openpi serves the pi0 model pi0_aloha_sim);"
+            " pass --checkpoint_dir"
+        )
+    return _OPENPI_DEFAULT_CHECKPOINTS[_ENV.value]
+
+
 def main(_):
     config_flag = flags.FLAGS[_CONFIG.name]
     name = config_flags.get_config_filename(config_flag) if config_flag.present else f"pi05_{_ENV.value}"
@@ -78,7 +105,7 @@ def main(_):
     try:
         policy = create_policy(
             name,
-            _CHECKPOINT.value,
+            checkpoint_dir(),
             tokenizer_path=_TOKENIZER.value,
             max_text_tokens=_MAX_TEXT.value,
             default_prompt=_PROMPT.value,

@@ -1,12 +1,14 @@
 """serve.py used as openpi's serve_policy.py: openpi's env names, a prompt-less ALOHA sim client, --record."""
 
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from conftest import GOLDEN
-from test_policy import TOKENIZER, make_policy, raw_observation
-from test_serving_session import serve_script
+from test_policy import E2E, TOKENIZER, make_policy, raw_observation
+from test_serving_session import SERVE, serve_script
 
 from oxygen_jax.policies import normalization
 from oxygen_jax.policies.policy import create_policy
@@ -121,3 +123,31 @@ def test_recording_a_one_request_backend_numbers_the_steps(tmp_path):
         record = np.load(tmp_path / "records" / f"step_{step}.npy", allow_pickle=True).item()
         assert record["inputs/prompt"] == raw_observation()["prompt"]
         np.testing.assert_array_equal(record["outputs/actions"], reply["actions"])
+
+
+def test_default_checkpoint_is_openpis_for_the_env(tmp_path, monkeypatch):
+    """--checkpoint_dir=default with --env=LIBERO serves gs://openpi-assets/checkpoints/pi05_libero, read
+    from openpi's cache (here the golden checkpoint placed there, so nothing is downloaded)."""
+    cache = tmp_path / "cache" / "openpi-assets" / "checkpoints"
+    cache.mkdir(parents=True)
+    (cache / "pi05_libero").symlink_to(GOLDEN / "checkpoint")
+    monkeypatch.setenv("OPENPI_DATA_HOME", str(tmp_path / "cache"))
+    flags = (
+        "--env=LIBERO",
+        "--checkpoint_dir=default",
+        f"--tokenizer_path={TOKENIZER}",
+        "--config.model.discrete_state_input=False",
+    )
+    with serve_script(tmp_path, *flags, golden=False) as (process, port):
+        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        reply = client.infer(raw_observation() | {"noise": E2E["in/noise"]})
+        np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+
+
+def test_aloha_sim_has_no_default_pi05_checkpoint():
+    command = [sys.executable, str(SERVE), "--env=ALOHA_SIM", "--checkpoint_dir=default"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("error: --env=aloha_sim has no pi0.5 default")
