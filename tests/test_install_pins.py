@@ -2,14 +2,18 @@
 file agrees with every declared requirement, and a mismatched pair is named before the simulator starts."""
 
 import importlib.util
+import json
 import pathlib
 import re
+import subprocess
+import sys
 import tomllib
 from importlib import metadata
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from test_packaging import project_copy
 
 from oxygen_jax.evaluation import mujoco_pair
 
@@ -88,3 +92,22 @@ def test_dockerfile_copies_existing_files_and_installs_known_extras():
         assert set(extras.split(",")) <= set(EXTRAS), extras
     assert default in EXTRAS
     assert 'pip install -c constraints.txt ".[${EXTRAS}]"' in dockerfile
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("extras", ["aloha", "libero", "aloha,libero"])
+def test_resolver_picks_the_pinned_pair(extras, tmp_path):
+    """pip's resolver (a dry run against the package index, as a fresh venv would install) picks the same
+    mujoco/dm-control pair for each simulator extra and for both, so installs in any order agree."""
+    project = project_copy(tmp_path / "project")
+    report = tmp_path / "report.json"
+    command = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "-q"]
+    command += ["--report", str(report), f"{project}[{extras}]"]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    chosen = {
+        canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
+    for name, specifier in pins("aloha").items():
+        assert Requirement(f"{name}{specifier}").specifier.contains(chosen[name]), chosen

@@ -11,15 +11,19 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+def project_copy(folder: pathlib.Path) -> pathlib.Path:
+    """What the wheel is made of, copied to `folder` (setuptools builds in the source folder)."""
+    shutil.copytree(ROOT / "src", folder / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, folder / name)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> pathlib.Path:
     """The wheel built from this checkout, installed (without dependencies) into a fresh folder."""
     tmp = tmp_path_factory.mktemp("wheel")
-    # setuptools builds in the source folder: build from a copy of what the wheel is made of.
-    project = tmp / "project"
-    shutil.copytree(ROOT / "src", project / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, project / name)
+    project = project_copy(tmp / "project")
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp / "dist"), str(project)],
         capture_output=True,
