@@ -11,13 +11,17 @@ gets `--default_prompt`, else the robot's as openpi's configs have it (`ALOHA_SI
 `--checkpoint_dir=default` serves openpi's default checkpoint for the env (downloaded into openpi's cache,
 as openpi does); without `--checkpoint_dir` the model is random-initialized (for smoke tests only).
 
-By default (`--language=stream`) several robots are served at once: requests from different connections
-that arrive within `--gather_ms` (or as soon as every connected robot has one in) form one frame, up to
-`--max_batch` observations prefilled together; each robot's language request (`--max_text_tokens` > 0)
-decodes `--k` tokens per frame, or as many as `--target_hz` leaves time for, in a batch of `--max_slots`
-requests, and its replies stream the text (`text`, `text_tokens`, `text_done`, `text_request_id`). The
-first request compiles every shape (a one-time wait). `--language=inline` instead answers one request at a
-time and decodes its text to completion within it.
+By default (`--language=stream`) several robots are served at once by one device loop: observations
+from different connections that arrive within `--gather_ms` (or as soon as every connected robot has one
+in) are prefilled together, up to `--max_batch`, and each reply leaves as soon as its actions are ready.
+Each robot's language request (`--max_text_tokens` > 0) decodes in a batch of `--max_slots` requests:
+with `--loop=async` (default) in chunks whenever no observation waits, each chunk short enough that an
+arriving observation waits at most `--max_action_delay_ms`; with `--loop=frame` (the paper's frame loop)
+`--k` tokens per frame (or as many as `--target_hz` leaves time for) before the frame's replies. Replies
+carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and websocket clients of `/text`
+on the same port receive every robot's tokens as they are produced. The first request compiles every
+shape (a one-time wait). `--language=inline` instead answers one request at a time and decodes its text
+to completion within it.
 """
 
 from absl import app, flags, logging
@@ -26,10 +30,10 @@ from ml_collections import config_flags
 from oxygen_jax import cli, config
 from oxygen_jax.params import PARAMS_DTYPES
 from oxygen_jax.policies.policy import create_policy
-from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
-from oxygen_jax.runtime.session import MultiRobotSession
+from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.serving import recorder, websocket_server
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
+from oxygen_jax.serving.session import MultiRobotSession
 
 _ENV = flags.DEFINE_enum(
     "env",
@@ -60,8 +64,20 @@ _PARAMS_DTYPE = flags.DEFINE_enum(
 _LANGUAGE = flags.DEFINE_enum(
     "language", "stream", ["stream", "inline"], "Stream text across frames, or decode it within each request."
 )
-_K = flags.DEFINE_integer("k", 4, "Decode steps per frame (ignored when --target_hz is set).")
-_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame rate to hold; k is chosen online per frame.")
+_LOOP = flags.DEFINE_enum(
+    "loop",
+    "async",
+    ["async", "frame"],
+    "async: language decodes whenever no observation waits; frame: k tokens per frame, before its replies.",
+)
+_MAX_DELAY_MS = flags.DEFINE_float(
+    "max_action_delay_ms",
+    None,
+    "Async loop: longest an arriving observation waits behind a decode chunk (default: 10%% of the "
+    "measured action path).",
+)
+_K = flags.DEFINE_integer("k", 4, "Frame loop: decode steps per frame (ignored when --target_hz is set).")
+_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame loop: frame rate to hold; k chosen per frame.")
 _MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
 _GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
@@ -118,13 +134,27 @@ def main(_):
         backend = PolicyServerBackend(policy)
     else:
         max_k = max(_MAX_TEXT.value, 1)
-        k_policy = DeadlineK(_TARGET_HZ.value, max_k=max_k) if _TARGET_HZ.value else FixedK(_K.value)
+        if _LOOP.value == "async":
+            max_delay_s = None if _MAX_DELAY_MS.value is None else _MAX_DELAY_MS.value / 1e3
+            try:
+                k_policy = DelayBoundK(max_k=max_k, max_delay_s=max_delay_s)
+            except ValueError as error:
+                cli.fail(str(error))
+        elif _TARGET_HZ.value:
+            k_policy = DeadlineK(_TARGET_HZ.value, max_k=max_k)
+        else:
+            k_policy = FixedK(_K.value)
         cfg = config.load_config(name)
         cfg.update_from_flattened_dict(overrides)
         session = MultiRobotSession(
-            policy, k_policy, max_slots=_MAX_SLOTS.value or cfg.engine.max_slots, max_batch=_MAX_BATCH.value
+            policy,
+            k_policy,
+            max_slots=_MAX_SLOTS.value or cfg.engine.max_slots,
+            max_batch=_MAX_BATCH.value,
+            loop=_LOOP.value,
+            gather_s=_GATHER_MS.value / 1e3,
         )
-        backend = SessionServerBackend(session, gather_ms=_GATHER_MS.value)
+        backend = SessionServerBackend(session)
     logging.info("serving metadata: %s", backend.metadata)
     if _RECORD.value:
         backend = recorder.recording(backend, _RECORD_DIR.value)
@@ -135,6 +165,8 @@ def main(_):
         debug_errors=_DEBUG_ERRORS.value,
     )
     websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
+    if _LANGUAGE.value == "stream":
+        backend.close()  # the device loop answers what it holds, then stops
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from test_policy import make_policy, raw_observation
 
 from oxygen_jax.runtime.k_policy import FixedK
-from oxygen_jax.runtime.session import MultiRobotSession, RobotRequest
+from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -46,9 +46,11 @@ def policy():
 
 @pytest.fixture(scope="module")
 def session(policy):
-    session = MultiRobotSession(policy, FixedK(1), max_slots=4, max_batch=4)
+    # The frame loop: text advances exactly one token per request, which the tests below count.
+    session = MultiRobotSession(policy, FixedK(1), max_slots=4, max_batch=4, loop="frame")
     session.warmup(raw_observation())
-    return session
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +98,7 @@ def test_text_keeps_advancing_next_to_bad_requests(session, noise):
         if good["text_done"]:
             break
     assert lengths == list(range(1, len(lengths) + 1)) and lengths[-1] == MAX_TEXT_TOKENS
-    assert "refused" not in session._speech
+    assert not session._speech.get("refused")
 
 
 def test_a_failing_model_call_is_retried_row_by_row(session, noise, healthy_actions, monkeypatch):
@@ -115,7 +117,7 @@ def test_a_failing_model_call_is_retried_row_by_row(session, noise, healthy_acti
     good, failed = session.step([healthy(noise), RobotRequest("poison", poison)])
     np.testing.assert_array_equal(good["actions"], healthy_actions)
     assert isinstance(failed, RuntimeError)
-    assert "poison" not in session._speech
+    assert not session._speech.get("poison")
     assert scheduler.manager.active <= 1  # the healthy robot's request only
 
 
@@ -156,7 +158,7 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
     frame, to float32 rounding in a batch of two) and its text advances one token per frame."""
     attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, **request_options)
     before = session._speech.get("healthy")
-    previous = 0 if before is None or before.result is not None else len(before.tokens)
+    previous = 0 if not before or before[0].result is not None else len(before[0].tokens)
     good, other = session.step([healthy(noise), attacker])
     if isinstance(other, Exception):
         assert isinstance(other, ValueError) and "\n" not in str(other)

@@ -22,9 +22,9 @@ from test_policy import E2E, TOKENIZER, make_policy, raw_observation
 
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime.k_policy import FixedK
-from oxygen_jax.runtime.session import MultiRobotSession
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
+from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
@@ -61,9 +61,13 @@ def policy():
 
 @pytest.fixture(scope="module")
 def session(policy):
-    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4)
+    """The frame loop: a robot's text advances k tokens per frame, so it streams over its replies."""
+    session = MultiRobotSession(
+        policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4, loop="frame", gather_s=0.02
+    )
     session.warmup(raw_observation())
-    return session
+    yield session
+    session.stop()
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +105,7 @@ def served(policy, session, noises):
 
     prefills = policy.engine.stats.prefill_calls
     with (
-        BackgroundServer(SessionServerBackend(session, gather_ms=20)) as server,
+        BackgroundServer(SessionServerBackend(session)) as server,
         ThreadPoolExecutor(N_CLIENTS) as pool,
         CompileCounter() as compiles,
     ):
@@ -166,18 +170,24 @@ def test_finished_text_equals_the_observation_decoded_alone(served):
 
 
 def test_a_client_that_leaves_frees_its_language_slot(policy):
-    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4)
+    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4, loop="frame")
     session.warmup(raw_observation())
     manager = session._scheduler.manager
     with BackgroundServer(SessionServerBackend(session)) as server:
         with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as leaver:
             leaver.recv()  # Metadata.
             leaver.send(msgpack_numpy.packb(client_observation(0) | {"max_text_tokens": MAX_TEXT_TOKENS}))
-            assert msgpack_numpy.unpackb(leaver.recv(timeout=30))["text_done"] is False
-        assert manager.active == 1
+            reply = msgpack_numpy.unpackb(leaver.recv(timeout=30))
+            assert reply["text_done"] is False and manager.active == 1
+        deadline = time.monotonic() + 10
+        while manager.active and time.monotonic() < deadline:  # no frame runs meanwhile: only the cancel
+            time.sleep(0.01)
+        assert manager.active == 0
+        assert manager.status(reply["text_request_id"]).value == "cancelled"
         stayer = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
         assert stayer.infer(client_observation(1))["text_done"] is False
-        assert manager.active == 1  # the leaver's request was cancelled before the stayer's frame
+        assert manager.active == 1
+    session.stop()
 
 
 def free_port() -> int:

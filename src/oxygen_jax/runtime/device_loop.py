@@ -8,15 +8,17 @@ is idle between their requests. `DeviceLoop` takes two classes of work from othe
   and hands each its actions the moment they are on the host, before any language work; the batch's
   language requests then join the batch state;
 - language (`mode="async"`): whenever no observation is ready, one decode chunk of k steps over every
-  running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks. k comes from
-  the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay it allows), so an
-  observation that arrives during a chunk waits at most that chunk.
+  running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks; and at
+  least one chunk between two batches of observations, so robots that call back to back cannot starve
+  language. k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
+  it allows), so an observation that arrives during a chunk waits at most that chunk.
 
 `mode="frame"` is the paper's frame loop driven by arrivals: each gathered batch runs one whole
 `FrameScheduler.step` (actions, then decode(k)) before its replies leave, and language advances only in
 frames. With nothing to do the thread blocks on a condition variable (no spinning). The scheduler, its
 manager and every callback belong to this thread once it started; other threads reach them through
-`call`. `stop` answers every observation already received before the thread ends.
+`call`. A batch whose model call fails is retried one observation at a time, so only an observation that
+fails again hears the error. `stop` answers every observation already received before the thread ends.
 """
 
 import dataclasses
@@ -106,6 +108,7 @@ class DeviceLoop:
         self._waiting: list[ObservationWork] = []
         self._calls: list[Callable[[], None]] = []
         self._closed = False
+        self._chunk_owed = False  # async: a batch of observations ran since the last decode chunk
         self._thread: threading.Thread | None = None
 
     @property
@@ -120,13 +123,27 @@ class DeviceLoop:
         self._thread.start()
         return self
 
-    def submit(self, work: ObservationWork) -> None:
-        """Queues an observation (any thread); RuntimeError once the loop is stopping."""
+    def submit(self, *works: ObservationWork) -> None:
+        """Queues observations (any thread), all at once (so they can share a batch); RuntimeError once the
+        loop is stopping."""
         with self._cond:
             if self._closed:
                 raise RuntimeError("the device loop is shutting down")
-            self._waiting.append(work)
+            self._waiting.extend(works)
             self._cond.notify()
+
+    def withdraw(self, sender: Hashable) -> int:
+        """Drops the waiting observations of `sender` (a robot that left; nobody is there to reply to);
+        returns how many."""
+        with self._cond:
+            kept = [work for work in self._waiting if work.sender != sender]
+            dropped = len(self._waiting) - len(kept)
+            self._waiting = kept
+            return dropped
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
 
     def call(self, fn: Callable[[], None]) -> None:
         """Runs `fn` on the device thread before its next piece of work (e.g. to cancel a request)."""
@@ -159,12 +176,13 @@ class DeviceLoop:
                         logger.exception("device loop call failed")
             elif step is _Step.OBSERVE:
                 self._observe(payload)
+                self._chunk_owed = True
             else:
                 self._decode_chunk()
 
     def _next(self) -> tuple[_Step, list]:
-        """The next piece of work by priority: calls, a gathered batch of observations, a decode chunk;
-        blocks (no spinning) while there is none."""
+        """The next piece of work by priority: calls, the decode chunk owed since the last batch, a
+        gathered batch of observations, a decode chunk; blocks (no spinning) while there is none."""
         manager = self.scheduler.manager
         with self._cond:
             while True:
@@ -172,11 +190,16 @@ class DeviceLoop:
                     calls, self._calls = self._calls, []
                     return _Step.CALLS, calls
                 now = time.perf_counter()
+                language = self.mode == "async" and bool(manager.active or manager.queued)
+                if language and self._chunk_owed and not self._closed:
+                    self._chunk_owed = False  # back-to-back observations never starve language
+                    return _Step.DECODE, []
                 if self._waiting and (self._closed or self._gathered(now)):
                     batch = self._waiting[: self.max_batch]
                     del self._waiting[: len(batch)]
                     return _Step.OBSERVE, batch
-                if self.mode == "async" and not self._closed and (manager.active or manager.queued):
+                if language and not self._closed:
+                    self._chunk_owed = False
                     return _Step.DECODE, []
                 if self._closed and not self._waiting:
                     return _Step.EXIT, []
@@ -194,32 +217,42 @@ class DeviceLoop:
         )
 
     def _observe(self, batch: list[ObservationWork]) -> None:
-        scheduler = self.scheduler
         start = time.perf_counter()
-        inputs = [work.frame_input for work in batch]
         try:
-            if self.mode == "frame":
-                actions = scheduler.step(inputs).actions
-            else:
-                actions = scheduler.act(inputs)
-                scheduler.frame += 1
-        except Exception as error:  # the whole batch failed: each of its observations hears why
-            logger.exception("a batch of %d observations failed", len(batch))
-            actions, failure = [None] * len(batch), error
-        else:
-            failure = None
+            outcomes = [(actions, None) for actions in self._run_batch([work.frame_input for work in batch])]
+        except Exception as error:
+            logger.exception("a batch of %d observation(s) failed", len(batch))
+            if len(batch) == 1:
+                outcomes = [(None, error)]
+            else:  # retried one at a time: only an observation that fails again hears an error
+                outcomes = [self._run_alone(work.frame_input) for work in batch]
         action_s = time.perf_counter() - start
-        if self.mode == "async" and failure is None:
-            scheduler.k_policy.observe_action(action_s)
+        if self.mode == "async":
+            self.scheduler.k_policy.observe_action(action_s)
         self.stats.action_s += action_s
         self.stats.batches += 1
         self.stats.observations += len(batch)
-        for work, chunk in zip(batch, actions, strict=True):
-            reply = ActionReply(chunk, failure, start - work.received, action_s, len(batch))
+        for work, (actions, error) in zip(batch, outcomes, strict=True):
+            reply = ActionReply(actions, error, start - work.received, action_s, len(batch))
             try:
                 work.reply(reply)
             except Exception:
                 logger.exception("an observation's reply callback failed")
+
+    def _run_batch(self, inputs: list[FrameInput]) -> list[np.ndarray]:
+        """Frame mode: one whole frame (actions, then decode(k)); async: the actions only."""
+        if self.mode == "frame":
+            return self.scheduler.step(inputs).actions
+        actions = self.scheduler.act(inputs)
+        self.scheduler.frame += 1
+        return actions
+
+    def _run_alone(self, frame_input: FrameInput) -> tuple[np.ndarray | None, Exception | None]:
+        try:
+            return self._run_batch([frame_input])[0], None
+        except Exception as error:
+            logger.exception("an observation failed on its own")
+            return None, error
 
     def _decode_chunk(self) -> None:
         scheduler = self.scheduler

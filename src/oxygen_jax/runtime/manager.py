@@ -85,6 +85,13 @@ class KVCacheManager:
 
     def submit(self, request: TextRequest, cache: PrefixCache, row: int, frame: int) -> None:
         """Queues a request on row `row` of a frame's prefix cache; `admit` moves it into a slot."""
+        self.check(request, cache)
+        request.arrival_frame = frame
+        self._queue.append(_Pending(request, cache, row))
+        self._status[request.request_id] = RequestStatus.QUEUED
+
+    def check(self, request: TextRequest, cache: PrefixCache) -> None:
+        """ValueError if `submit` would refuse the request."""
         if cache.mask.shape[1] > self.prefix_len:
             raise ValueError(
                 f"a prefix of {cache.mask.shape[1]} columns does not fit the batch state's {self.prefix_len} "
@@ -99,9 +106,6 @@ class KVCacheManager:
             RequestStatus.RUNNING,
         ):
             raise ValueError(f"request id {request.request_id} is already in flight")
-        request.arrival_frame = frame
-        self._queue.append(_Pending(request, cache, row))
-        self._status[request.request_id] = RequestStatus.QUEUED
 
     def admit(self, frame: int) -> None:
         """Moves queued requests (FIFO) into free slots, one bucketed insert per source cache."""

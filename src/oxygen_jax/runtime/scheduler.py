@@ -132,9 +132,11 @@ class FrameScheduler:
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
         cache = self.engine.prefill(obs)
         actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps))[:n]
-        for row, item in enumerate(frame_inputs):
-            for request in item.requests:
-                self.manager.submit(request, cache, row, self.frame)
+        queued = [(request, row) for row, item in enumerate(frame_inputs) for request in item.requests]
+        for request, _ in queued:  # all or none join, so a failed batch leaves nothing behind
+            self.manager.check(request, cache)
+        for request, row in queued:
+            self.manager.submit(request, cache, row, self.frame)
         return list(actions)
 
     def _noise(self, item: FrameInput) -> np.ndarray:

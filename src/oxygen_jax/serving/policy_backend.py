@@ -1,33 +1,32 @@
 """The backends `scripts/serve.py` serves a `Policy` through: request options in, text fields out.
 
 Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
-deterministic), `max_text_tokens`, `temperature` and `top_p`; they are taken out before the robot
-transforms see the observation. Bad requests raise ValueError, which the server answers as
-"Bad request: ...".
+deterministic), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name in replies and
+the text stream); they are taken out before the robot transforms see the observation. Bad requests raise
+ValueError, which the server answers as "Bad request: ...".
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
   `text_tasks` (name -> instruction, see `Policy.infer`): one prefill, and the reply's `texts` and
   `texts_tokens` hold one text per task name.
-- `SessionServerBackend` (default): requests from all connections are grouped into frames of one
-  `MultiRobotSession`, whose observations are prefilled together; each robot's language request advances
-  k tokens per frame over its following requests. While a robot has one, its replies add `text` (the text
-  so far), `text_tokens`, `text_done` and `text_request_id`; after the reply with `text_done` True, the
-  robot's next request starts a new one from its observation. `max_text_tokens`, `temperature` and
-  `top_p` apply to the language request a request starts.
+- `SessionServerBackend` (default): every connection is a robot of one `MultiRobotSession`, whose device
+  loop prefills the observations that wait together and decodes all robots' language requests in one
+  batch state (see `serving/session.py` for the reply's text fields). `max_text_tokens`, `temperature`
+  and `top_p` apply to the language request a request starts.
 """
 
 import asyncio
-import contextlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from oxygen_jax.policies.policy import Policy
-from oxygen_jax.runtime.session import MultiRobotSession, RobotRequest
+from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
-REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p")
+MAX_ROBOT_ID = 64
+REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id")
 
 
 def _option(value: Any, kind: type, name: str) -> Any:
@@ -41,17 +40,23 @@ def _option(value: Any, kind: type, name: str) -> Any:
     return kind(value)
 
 
-def _split_request(obs: dict) -> tuple[dict, dict[str, Any]]:
-    """(the robot observation, the request options as `Policy.infer` keyword arguments)."""
+def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
+    """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id)."""
     obs = dict(obs)
-    noise, max_text_tokens, temperature, top_p = (obs.pop(name, None) for name in REQUEST_OPTIONS)
+    noise, max_text_tokens, temperature, top_p, robot_id = (obs.pop(name, None) for name in REQUEST_OPTIONS)
     options = {
         "noise": noise,
         "max_text_tokens": _option(max_text_tokens, int, "max_text_tokens"),
         "temperature": _option(temperature, float, "temperature"),
         "top_p": _option(top_p, float, "top_p"),
     }
-    return obs, options
+    return obs, options, _robot_id(robot_id)
+
+
+def _robot_id(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID):
+        raise ValueError(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
+    return value
 
 
 def _split_tasks(obs: dict) -> tuple[dict, Any]:
@@ -72,7 +77,7 @@ class PolicyServerBackend:
 
     def infer(self, obs: dict) -> dict:
         obs, text_tasks = _split_tasks(obs)
-        obs, options = _split_request(obs)
+        obs, options, _ = _split_request(obs)
         result = self._policy.infer(obs, text_tasks=text_tasks, **options)
         if "text" in result:
             result["text_done"] = True
@@ -80,24 +85,18 @@ class PolicyServerBackend:
 
 
 class SessionServerBackend:
-    """An `AsyncPolicyBackend` that gathers the requests of all connections into session frames.
+    """An `AsyncPolicyBackend` that serves every connection as one robot of a `MultiRobotSession`.
 
-    A client is its connection (the server runs each one in its own task). A frame starts once every
-    connected client has a request waiting, or `gather_ms` after the first waiting request arrived, and takes
-    at most `session.max_batch` of them (the rest start the next frame). Frames run one at a time on a worker
-    thread, so the event loop keeps receiving meanwhile. A client that disconnects has its language request
-    cancelled before the next frame.
+    Requests are checked and transformed on a worker thread, then queued on the session's device loop;
+    each reply is sent as soon as its actions are on the host. A client that disconnects has its waiting
+    observations dropped and its language request cancelled, which frees its slot. `subscribe_text`
+    feeds the server's `/text` stream.
     """
 
-    def __init__(self, session: MultiRobotSession, *, gather_ms: float = 5.0) -> None:
+    def __init__(self, session: MultiRobotSession) -> None:
         self._session = session
-        self._gather_s = gather_ms / 1000
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="frame-loop")
-        self._waiting: list[tuple[RobotRequest, asyncio.Future]] = []
+        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="prepare")
         self._clients: set[asyncio.Task] = set()
-        self._departed: list[asyncio.Task] = []
-        self._wake: asyncio.Event | None = None
-        self._frames: asyncio.Task | None = None
 
     @property
     def metadata(self) -> dict:
@@ -107,68 +106,52 @@ class SessionServerBackend:
         obs, text_tasks = _split_tasks(obs)
         if text_tasks is not None:
             raise ValueError("'text_tasks' are served with --language=inline (one prefill per request)")
-        obs, options = _split_request(obs)
+        obs, options, robot_id = _split_request(obs)
         client = asyncio.current_task()
         if client not in self._clients:
             self._clients.add(client)
             client.add_done_callback(self._depart)
-        future = asyncio.get_running_loop().create_future()
-        self._waiting.append((RobotRequest(client, obs, **options), future))
-        self._frame_loop().set()
-        return await future
+        loop = asyncio.get_running_loop()
+        reply = loop.create_future()
 
-    def _frame_loop(self) -> asyncio.Event:
-        """The wake-up event of this event loop's frame loop, which starts on the first request."""
-        if self._frames is None or self._frames.done():  # a new server may run on a new event loop
-            self._wake = asyncio.Event()
-            self._frames = asyncio.create_task(self._run_frames())
-        return self._wake
+        def answer(result: dict | Exception) -> None:
+            loop.call_soon_threadsafe(_settle, reply, result)
+
+        request = RobotRequest(client, obs, robot_id=robot_id, **options)
+        await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
+        return await reply
+
+    def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]:
+        """Calls `listener` (on the device thread) with one message per text event; returns the
+        unsubscribe."""
+        return self._session.subscribe(lambda event: listener(text_message(event)))
+
+    def close(self) -> None:
+        """Answers what the device loop holds, then stops it."""
+        self._prepare.shutdown()
+        self._session.stop()
 
     def _depart(self, client: asyncio.Task) -> None:
         self._clients.discard(client)
-        self._departed.append(client)
-        if self._wake is not None:
-            self._wake.set()
+        self._session.end(client)
 
-    async def _run_frames(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            if not self._waiting:
-                continue
-            await self._gather(loop)
-            batch = self._waiting[: self._session.max_batch]
-            del self._waiting[: len(batch)]
-            batch = [(request, future) for request, future in batch if not future.done()]  # clients gone
-            if self._waiting:
-                self._wake.set()
-            departed, self._departed = self._departed, []
-            try:
-                replies = await loop.run_in_executor(
-                    self._worker, self._frame, [request for request, _ in batch], departed
-                )
-            except Exception as error:  # the whole frame failed: every request in it hears why
-                replies = [error] * len(batch)
-            for (_, future), reply in zip(batch, replies, strict=True):
-                if future.done():  # its client went away during the frame
-                    continue
-                if isinstance(reply, Exception):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)
 
-    async def _gather(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Waits until every connected client has a request in, for at most the gather window."""
-        deadline = loop.time() + self._gather_s
-        while (remaining := deadline - loop.time()) > 0 and not self._clients <= {
-            request.client for request, _ in self._waiting
-        }:
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), remaining)
+def text_message(event: TextEvent) -> dict:
+    """A text event as the `/text` stream sends it."""
+    return {
+        "robot_id": event.robot_id,
+        "request_id": event.request_id,
+        "tokens": np.asarray(event.tokens, np.int32),
+        "text": event.text,
+        "done": event.done,
+        "finish_reason": event.finish_reason,
+    }
 
-    def _frame(self, requests: list[RobotRequest], departed: list[asyncio.Task]) -> list:
-        for client in departed:
-            self._session.end(client)
-        return self._session.step(requests)
+
+def _settle(future: asyncio.Future, result: dict | Exception) -> None:
+    if future.done():  # its client went away meanwhile
+        return
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(result)

@@ -7,6 +7,10 @@ request's time from receipt until its reply was sent) and ``policy_timing = {"in
 server fills with the backend call time unless the backend reports its own. ``GET /healthz`` on the same
 port answers 200 over plain HTTP.
 
+A backend with ``subscribe_text(listener)`` also streams text: a websocket client of ``/text`` (optionally
+``/text?robot_id=<id>`` for one robot) receives one binary msgpack message per text event the backend
+reports, as it happens, and sends nothing. Without such a backend ``/text`` answers HTTP 404.
+
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
 map or nested too deep, or a backend raising ``ValueError``/``KeyError``) gets one line,
@@ -33,6 +37,7 @@ import signal
 import threading
 import time
 import traceback
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +66,16 @@ class AsyncPolicyBackend(PolicyBackend, Protocol):
     """A backend that awaits requests on the event loop, e.g. to batch those from several clients."""
 
     async def infer_async(self, obs: dict) -> dict: ...
+
+
+class TextStreamBackend(PolicyBackend, Protocol):
+    """A backend that pushes text events: `listener(message)` may be called from any thread; the call
+    returns the function that unsubscribes."""
+
+    def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]: ...
+
+
+TEXT_PATH = "/text"
 
 
 class BadRequestError(Exception):
@@ -272,8 +287,11 @@ class _ConnectionHandler:
 
     def admit(self, connection: ServerConnection, request: Request) -> Response | None:
         """The handshake hook: health checks, and a refusal once `max_connections` are open."""
-        if request.path == "/healthz":
+        path = urllib.parse.urlsplit(request.path).path
+        if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if path == TEXT_PATH and not hasattr(self._backend, "subscribe_text"):
+            return connection.respond(http.HTTPStatus.NOT_FOUND, "This server streams no text\n")
         if self._limits.max_connections is not None and self._open >= self._limits.max_connections:
             logger.warning("Refused %s: %d connections open", connection.remote_address, self._open)
             message = f"Too many connections (at most {self._limits.max_connections})\n"
@@ -285,6 +303,10 @@ class _ConnectionHandler:
         self._open += 1
         self._busy[websocket] = False
         try:
+            url = urllib.parse.urlsplit(websocket.request.path)
+            if url.path == TEXT_PATH:
+                await self._stream_text(websocket, urllib.parse.parse_qs(url.query).get("robot_id"))
+                return
             await websocket.send(msgpack_numpy.packb(self._backend.metadata))
             prev_total_ms: float | None = None
             while not self._draining:
@@ -313,6 +335,30 @@ class _ConnectionHandler:
             self._open -= 1
             del self._busy[websocket]
             logger.info("Connection from %s closed", websocket.remote_address)
+
+    async def _stream_text(self, websocket: ServerConnection, robot_ids: list[str] | None) -> None:
+        """Sends each text event (of the robots in `robot_ids`, default all) until the client or the
+        server closes."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[dict] = asyncio.Queue()
+
+        def listener(message: dict) -> None:
+            if robot_ids is None or message.get("robot_id") in robot_ids:
+                loop.call_soon_threadsafe(events.put_nowait, message)
+
+        unsubscribe = self._backend.subscribe_text(listener)
+        closed = asyncio.ensure_future(websocket.wait_closed())
+        try:
+            while True:
+                event = asyncio.ensure_future(events.get())
+                await asyncio.wait({event, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if not event.done():
+                    event.cancel()
+                    return
+                await websocket.send(msgpack_numpy.packb(event.result()))
+        finally:
+            unsubscribe()
+            closed.cancel()
 
     def _error_line(self, websocket: ServerConnection, error: Exception) -> str:
         """One line for the client; the traceback goes to the log under the same error id."""

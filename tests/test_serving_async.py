@@ -1,0 +1,177 @@
+"""Robots served through the asynchronous device loop, with the `/text` push stream listening."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import websockets.sync.client
+from test_policy import make_policy, raw_observation
+from websockets.exceptions import ConnectionClosed
+
+from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.runtime.k_policy import DelayBoundK
+from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
+from oxygen_jax.serving.session import MultiRobotSession
+from oxygen_jax.serving.websocket_server import BackgroundServer
+
+# openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
+client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+
+pytestmark = [
+    pytest.mark.timeout(300),
+    # openpi-client's own use of websockets; not ours to fix.
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+N_CLIENTS = 4
+N_REQUESTS = 50
+N_NOISES = 8
+MAX_TEXT_TOKENS = 6
+PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
+
+
+def text_budget(client: int) -> int:
+    """Each client asks for its own text length, so text given to the wrong client shows (the tiny
+    model's greedy text repeats one token and never stops early: its length is the budget)."""
+    return 3 + client % (MAX_TEXT_TOKENS - 2)
+
+
+def client_observation(client: int) -> dict:
+    return raw_observation() | {"prompt": PROMPTS[client]}
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
+
+
+@pytest.fixture(scope="module")
+def noises() -> np.ndarray:
+    return np.random.default_rng(2).standard_normal((N_NOISES, 10, 32)).astype(np.float32)
+
+
+class Subscriber(threading.Thread):
+    """A `/text` websocket client that records every message until the server closes the stream."""
+
+    def __init__(self, port: int):
+        super().__init__(daemon=True)
+        self.connection = websockets.sync.client.connect(f"ws://127.0.0.1:{port}/text", compression=None)
+        self.messages: list[dict] = []
+
+    def run(self) -> None:
+        try:
+            while True:
+                self.messages.append(msgpack_numpy.unpackb(self.connection.recv()))
+        except ConnectionClosed:
+            pass
+
+
+@pytest.fixture(scope="module")
+def served(policy, noises):
+    """Every client's replies (noise index, reply) from one concurrent run through the async loop, the
+    `/text` stream's messages, compile counts, and `Policy.infer`'s answers to each observation alone."""
+    actions = {
+        (client, which): policy.infer(client_observation(client), noise=noise, prompt_for_text=False)[
+            "actions"
+        ]
+        for client in range(N_CLIENTS)
+        for which, noise in enumerate(noises)
+    }
+    texts = {
+        client: policy.infer(client_observation(client), max_text_tokens=text_budget(client))
+        for client in range(N_CLIENTS)
+    }
+    session = MultiRobotSession(
+        policy, DelayBoundK(max_k=MAX_TEXT_TOKENS), max_slots=N_CLIENTS, max_batch=4, gather_s=0.005
+    )
+    session.warmup(raw_observation())
+
+    def run_client(client: int, port: int) -> list[tuple[int, dict]]:
+        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        replies = []
+        for request in range(N_REQUESTS):
+            which = (client + request) % N_NOISES
+            obs = client_observation(client) | {
+                "noise": noises[which],
+                "max_text_tokens": text_budget(client),
+                "robot_id": f"arm-{client}",
+            }
+            replies.append((which, connection.infer(obs)))
+        return replies
+
+    with CompileCounter() as compiles:
+        with BackgroundServer(SessionServerBackend(session)) as server:
+            subscriber = Subscriber(server.port)
+            subscriber.start()
+            with ThreadPoolExecutor(N_CLIENTS) as pool:
+                replies = list(pool.map(run_client, range(N_CLIENTS), [server.port] * N_CLIENTS))
+        subscriber.join(timeout=30)
+        session.stop()
+    return {
+        "replies": replies,
+        "messages": subscriber.messages,
+        "actions": actions,
+        "texts": texts,
+        "compiles": compiles.count,
+    }
+
+
+def finished_texts(replies: list[tuple[int, dict]]) -> list[dict]:
+    return [reply for _, reply in replies if reply.get("text_done")]
+
+
+def test_no_reply_lost_or_mixed(served):
+    assert [len(replies) for replies in served["replies"]] == [N_REQUESTS] * N_CLIENTS
+    for client, replies in enumerate(served["replies"]):
+        for which, reply in replies:
+            np.testing.assert_allclose(reply["actions"], served["actions"][client, which], atol=1e-5, rtol=0)
+            assert reply["robot_id"] == f"arm-{client}"
+
+
+def test_nothing_compiles_after_warmup(served):
+    assert served["compiles"] == 0
+
+
+def test_every_robot_completes_texts_equal_to_decoding_alone(served):
+    for client, replies in enumerate(served["replies"]):
+        alone = served["texts"][client]
+        finished = finished_texts(replies)
+        # Back-to-back robots: a decode chunk runs between every two batches, so texts keep completing.
+        assert len(finished) >= N_REQUESTS // 10
+        for reply in finished:
+            np.testing.assert_array_equal(reply["text_tokens"], alone["text_tokens"])
+            assert reply["text"] == alone["text"]
+
+
+def test_each_text_is_reported_done_once_by_its_own_robot(served):
+    owners: dict[int, int] = {}
+    for client, replies in enumerate(served["replies"]):
+        done = [reply["text_request_id"] for reply in finished_texts(replies)]
+        assert len(done) == len(set(done)) and done == sorted(done)
+        for _, reply in replies:
+            if "text_request_id" in reply:
+                assert owners.setdefault(reply["text_request_id"], client) == client
+
+
+def test_text_stream_adds_up_to_each_replys_final_text(served):
+    streams: dict[int, list[dict]] = {}
+    for message in served["messages"]:
+        streams.setdefault(message["request_id"], []).append(message)
+    for client, replies in enumerate(served["replies"]):
+        for reply in finished_texts(replies):
+            stream = streams[reply["text_request_id"]]
+            assert {message["robot_id"] for message in stream} == {f"arm-{client}"}
+            assert [message["done"] for message in stream] == [False] * (len(stream) - 1) + [True]
+            tokens = np.concatenate([message["tokens"] for message in stream])
+            np.testing.assert_array_equal(tokens, reply["text_tokens"])
+            assert stream[-1]["text"] == reply["text"] and stream[-1]["finish_reason"] == "length"
+
+
+def test_text_stream_is_refused_by_a_server_without_one(policy):
+    with (
+        BackgroundServer(PolicyServerBackend(policy)) as server,
+        pytest.raises(websockets.exceptions.InvalidStatus, match="404"),
+    ):
+        websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}/text")
