@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import websockets.sync.client
 from test_policy import make_policy, raw_observation
+from test_serving_session import MAX_TEXT_TOKENS, answers_alone, run_client
 from websockets.exceptions import ConnectionClosed
 
 from oxygen_jax.engine.compile_counter import CompileCounter
@@ -28,18 +29,6 @@ pytestmark = [
 N_CLIENTS = 4
 N_REQUESTS = 50
 N_NOISES = 8
-MAX_TEXT_TOKENS = 6
-PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
-
-
-def text_budget(client: int) -> int:
-    """Each client asks for its own text length, so text given to the wrong client shows (the tiny
-    model's greedy text repeats one token and never stops early: its length is the budget)."""
-    return 3 + client % (MAX_TEXT_TOKENS - 2)
-
-
-def client_observation(client: int) -> dict:
-    return raw_observation() | {"prompt": PROMPTS[client]}
 
 
 @pytest.fixture(scope="module")
@@ -72,41 +61,25 @@ class Subscriber(threading.Thread):
 def served(policy, noises):
     """Every client's replies (noise index, reply) from one concurrent run through the async loop, the
     `/text` stream's messages, compile counts, and `Policy.infer`'s answers to each observation alone."""
-    actions = {
-        (client, which): policy.infer(client_observation(client), noise=noise, prompt_for_text=False)[
-            "actions"
-        ]
-        for client in range(N_CLIENTS)
-        for which, noise in enumerate(noises)
-    }
-    texts = {
-        client: policy.infer(client_observation(client), max_text_tokens=text_budget(client))
-        for client in range(N_CLIENTS)
-    }
+    actions, texts = answers_alone(policy, noises, N_CLIENTS)
     session = MultiRobotSession(
         policy, DelayBoundK(max_k=MAX_TEXT_TOKENS), max_slots=N_CLIENTS, max_batch=4, gather_s=0.005
     )
     session.warmup(raw_observation())
-
-    def run_client(client: int, port: int) -> list[tuple[int, dict]]:
-        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-        replies = []
-        for request in range(N_REQUESTS):
-            which = (client + request) % N_NOISES
-            obs = client_observation(client) | {
-                "noise": noises[which],
-                "max_text_tokens": text_budget(client),
-                "robot_id": f"arm-{client}",
-            }
-            replies.append((which, connection.infer(obs)))
-        return replies
 
     with CompileCounter() as compiles:
         with BackgroundServer(SessionServerBackend(session)) as server:
             subscriber = Subscriber(server.port)
             subscriber.start()
             with ThreadPoolExecutor(N_CLIENTS) as pool:
-                replies = list(pool.map(run_client, range(N_CLIENTS), [server.port] * N_CLIENTS))
+                replies = list(
+                    pool.map(
+                        lambda client: run_client(
+                            client, server.port, noises, N_REQUESTS, robot_id=f"arm-{client}"
+                        ),
+                        range(N_CLIENTS),
+                    )
+                )
         subscriber.join(timeout=30)
         session.stop()
     return {

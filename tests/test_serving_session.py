@@ -40,7 +40,7 @@ N_CLIENTS = 3
 N_REQUESTS = 20
 N_NOISES = 4
 MAX_TEXT_TOKENS = 5
-PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate")
+PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
 SERVE = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "serve.py"
 
 
@@ -75,33 +75,42 @@ def noises() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((N_NOISES, 10, 32)).astype(np.float32)
 
 
-@pytest.fixture(scope="module")
-def served(policy, session, noises):
-    """Every client's replies (noise index, reply) from one concurrent run, with its engine and compile
-    counts, and what `Policy.infer` answers each observation alone (computed while the server is idle)."""
+def answers_alone(policy, noises: np.ndarray, clients: int) -> tuple[dict, dict]:
+    """What `Policy.infer` answers each client's observation alone: actions per (client, noise index),
+    and its text per client."""
     actions = {
         (client, which): policy.infer(client_observation(client), noise=noise, prompt_for_text=False)[
             "actions"
         ]
-        for client in range(N_CLIENTS)
+        for client in range(clients)
         for which, noise in enumerate(noises)
     }
     texts = {
         client: policy.infer(client_observation(client), max_text_tokens=text_budget(client))
-        for client in range(N_CLIENTS)
+        for client in range(clients)
     }
+    return actions, texts
 
-    def run_client(client: int, port: int) -> list[tuple[int, dict]]:
-        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-        replies = []
-        for request in range(N_REQUESTS):
-            which = (client + request) % N_NOISES
-            obs = client_observation(client) | {
-                "noise": noises[which],
-                "max_text_tokens": text_budget(client),
-            }
-            replies.append((which, connection.infer(obs)))
-        return replies
+
+def run_client(
+    client: int, port: int, noises: np.ndarray, requests: int, **options
+) -> list[tuple[int, dict]]:
+    """One openpi client's requests, each with the next noise (so requests in flight together carry
+    different noises); its replies with the noise index each used."""
+    connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    replies = []
+    for request in range(requests):
+        which = (client + request) % len(noises)
+        obs = client_observation(client) | {"noise": noises[which], "max_text_tokens": text_budget(client)}
+        replies.append((which, connection.infer(obs | options)))
+    return replies
+
+
+@pytest.fixture(scope="module")
+def served(policy, session, noises):
+    """Every client's replies (noise index, reply) from one concurrent run, with its engine and compile
+    counts, and what `Policy.infer` answers each observation alone (computed while the server is idle)."""
+    actions, texts = answers_alone(policy, noises, N_CLIENTS)
 
     prefills = policy.engine.stats.prefill_calls
     with (
@@ -109,7 +118,9 @@ def served(policy, session, noises):
         ThreadPoolExecutor(N_CLIENTS) as pool,
         CompileCounter() as compiles,
     ):
-        replies = list(pool.map(run_client, range(N_CLIENTS), [server.port] * N_CLIENTS))
+        replies = list(
+            pool.map(lambda client: run_client(client, server.port, noises, N_REQUESTS), range(N_CLIENTS))
+        )
     return {
         "replies": replies,
         "actions": actions,
