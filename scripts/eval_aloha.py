@@ -40,7 +40,9 @@ def main(_):
     try:
         aloha_sim.check_simulator()
         policy = common.policy_from_flags("aloha")
-        results = aloha_sim.evaluate(policy, settings, out_dir, common.policy_description_from_flags())
+        recorder = common.recorder_from_flags(aloha_sim.CONTROL_HZ, "aloha")
+        info = common.policy_description_from_flags()
+        results = aloha_sim.evaluate(policy, settings, out_dir, info, recorder)
     except common.SetupError as error:
         cli.fail(str(error))
     s = results["summary"]

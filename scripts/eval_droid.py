@@ -47,7 +47,8 @@ def _robot(settings: droid.Settings, out_dir: pathlib.Path) -> None:
     cameras = droid.Cameras(_LEFT.value, _RIGHT.value, _WRIST.value, _EXTERNAL.value)
     env = droid.load_robot_env()
     policy = common.policy_from_flags("droid")
-    csv_path = droid.run_robot(policy, env, cameras, droid.ConsoleOperator(), settings, out_dir)
+    recorder = common.recorder_from_flags(droid.CONTROL_HZ, "droid")
+    csv_path = droid.run_robot(policy, env, cameras, droid.ConsoleOperator(), settings, out_dir, recorder)
     print(f"wrote {csv_path}")
 
 
@@ -58,7 +59,8 @@ def _replay(settings: droid.Settings, out_dir: pathlib.Path) -> None:
         frames = droid.synthetic_frames(_SYNTHETIC.value, _SEED.value)
     policy = common.policy_from_flags("droid")
     info = common.policy_description_from_flags()
-    results = droid.replay(policy, frames, _PROMPT.value, settings, out_dir, info)
+    recorder = common.recorder_from_flags(droid.CONTROL_HZ, "droid")
+    results = droid.replay(policy, frames, _PROMPT.value, settings, out_dir, info, recorder)
     r = results["rollout"]
     median = (r["infer_ms"] or {}).get("median")
     late = "" if r["late_steps"] is None else f", {r['late_steps']} steps late for 15 Hz"

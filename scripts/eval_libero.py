@@ -51,7 +51,9 @@ def main(_):
         )
         libero_sim.import_libero()
         policy = common.policy_from_flags("libero")
-        results = libero_sim.evaluate(policy, settings, out_dir, common.policy_description_from_flags())
+        recorder = common.recorder_from_flags(libero_sim.CONTROL_HZ, "libero")
+        info = common.policy_description_from_flags()
+        results = libero_sim.evaluate(policy, settings, out_dir, info, recorder)
     except common.SetupError as error:
         cli.fail(str(error))
     print(libero_sim.summary_table(results["summary"]))

@@ -183,3 +183,34 @@ def test_robot_command_binarizes_the_gripper_and_clips():
     assert droid.to_robot_command(np.full(8, 0.5))[-1] == 0.0
     with pytest.raises(ValueError, match="8-d DROID actions"):
         droid.to_robot_command(np.zeros(7))
+
+
+def test_recorded_rollouts_are_a_lerobot_dataset_the_trainer_reads(tmp_path):
+    from oxygen_jax.training.data.examples import Columns, FrameSource
+    from oxygen_jax.training.data.lerobot import LeRobotDataset
+    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
+
+    policy = StandInPolicy()
+    cameras = droid.Cameras(left_id="111", right_id="222", wrist_id="333", external="left")
+    operator = ScriptedOperator(["pick up the cup", "open the drawer"], [1.0, 0.0])
+    settings = droid.Settings(max_steps=5, open_loop_horizon=3, save_video=False)
+    recorder = LeRobotWriter(tmp_path / "data", fps=droid.CONTROL_HZ, robot_type="droid")
+    droid.run_robot(policy, StandInRobotEnv(), cameras, operator, settings, tmp_path, recorder)
+
+    dataset = LeRobotDataset(tmp_path / "data")
+    assert [e.length for e in dataset.episodes] == [5, 5]
+    assert sorted(dataset.tasks.values()) == ["open the drawer", "pick up the cup"]
+    episode = dataset.read_episode(dataset.episodes[1], [droid.WRIST_KEY, "action", "text"])
+    assert episode[droid.WRIST_KEY].shape == (5, 224, 224, 3)
+    assert episode[droid.WRIST_KEY][0, 100, 100].tolist() == [0, 0, 5]
+    # The model's actions (before the robot command): each chunk's head, replanning at step 3.
+    np.testing.assert_allclose(episode["action"][:, 0], [0.0, 0.1, 0.2, 0.0, 0.1], atol=1e-7)
+    assert episode["text"] == ["call 3"] * 3 + ["call 4"] * 2
+
+    columns = {
+        key: key for key in (*droid.IMAGE_KEYS, "observation/joint_position", "observation/gripper_position")
+    }
+    frame = FrameSource(dataset, Columns(repack=columns, subtask="text"), action_horizon=4).frame(3)
+    assert frame["prompt"] == "pick up the cup" and frame["subtask"] == "call 2"
+    np.testing.assert_allclose(frame["actions"][:, 0], [0.0, 0.1, 0.1, 0.1], atol=1e-7)
+    np.testing.assert_array_equal(frame["observation/joint_position"], np.arange(7))

@@ -15,6 +15,7 @@ from oxygen_jax.training.data.examples import append_target
 from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset
 from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
 from oxygen_jax.training.data.norm_stats import NUM_QUANTILE_BINS, RunningStats
+from oxygen_jax.training.data.prefetch import prefetch
 
 HORIZON = config.load_config("pi05_demo").model.action_horizon
 
@@ -182,3 +183,15 @@ def test_video_features_are_decoded_at_the_frame_timestamps(demo_dataset):
     assert decoded.shape == frames.shape
     errors = np.abs(decoded.astype(int)[:, None] - frames.astype(int)[None]).mean(axis=(2, 3, 4))
     assert (errors.argmin(axis=1) == np.arange(4)).all()  # each row gets its own frame back
+
+
+def test_prefetched_items_keep_their_order_and_a_producer_error_reaches_the_consumer():
+    def items():
+        yield from range(5)
+        raise DatasetError("episode_000003.parquet: not a readable parquet file")
+
+    stream = prefetch(items(), size=2)
+    assert [next(stream) for _ in range(5)] == [0, 1, 2, 3, 4]
+    with pytest.raises(DatasetError, match="not a readable parquet file"):
+        next(stream)
+    assert list(prefetch(iter(range(3)))) == [0, 1, 2]

@@ -26,9 +26,12 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: str | None = None) -> Engine:
-    """An engine on an openpi checkpoint, or on a random-initialized model when none is given."""
+    """An engine on an openpi checkpoint (the config's own when none is given), or on a random-initialized
+    model when neither exists."""
     model_config = config.model_config(cfg)
-    params = load_params(model_config, checkpoint_dir or None, seed=seed, dtype=params_dtype)
+    params = load_params(
+        model_config, config.checkpoint_for(cfg, checkpoint_dir), seed=seed, dtype=params_dtype
+    )
     return Engine(params, model_config)
 
 

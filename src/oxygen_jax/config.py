@@ -94,6 +94,12 @@ def training_defaults() -> ml_collections.ConfigDict:
     return t
 
 
+def checkpoint_for(cfg: ml_collections.ConfigDict, checkpoint_dir: str | None) -> str | None:
+    """The checkpoint a tool loads: the one asked for, else the config's own (`pi05_demo` ships one in the
+    package), else None (a random-initialized model)."""
+    return checkpoint_dir or cfg.get("checkpoint_dir") or None
+
+
 def resolve_dtype(dtype: str) -> str:
     if dtype == "auto":
         return "float32" if jax.default_backend() == "cpu" else "bfloat16"

@@ -14,13 +14,13 @@ def get_config():
     c = config.base_config()
     c.name = "pi05_demo"
     c.model.paligemma = ml_collections.ConfigDict(
-        dict(width=128, depth=4, mlp_dim=512, num_heads=4, num_kv_heads=1, head_dim=32)
+        dict(width=64, depth=3, mlp_dim=256, num_heads=4, num_kv_heads=1, head_dim=16)
     )
     c.model.action_expert = ml_collections.ConfigDict(
-        dict(width=64, depth=4, mlp_dim=256, num_heads=4, num_kv_heads=1, head_dim=32)
+        dict(width=32, depth=3, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16)
     )
-    # One top camera, 8x8 patches of 28 pixels: 64 image tokens.
-    c.model.vision = "mu/28"
+    # One top camera in 4x4 patches of 56 pixels: 16 image tokens.
+    c.model.vision = "mu/56"
     c.model.image_keys = ("base_0_rgb",)
     c.model.vocab_size = 1024
     c.model.action_horizon = 10
@@ -33,6 +33,21 @@ def get_config():
     c.robot = "table"
     c.asset_id = "table_demo"
     c.engine.max_new_tokens = 12
+    # Trained from scratch (no openpi checkpoint fits this size): a higher learning rate, a short run,
+    # the subtask text loss on, the flow loss over the table robot's 2 action dims.
+    t = c.training
+    t.batch_size = 32
+    t.num_train_steps = 1200
+    t.peak_lr = 1e-3
+    t.warmup_steps = 100
+    t.decay_steps = 1200
+    t.decay_lr = 1e-4
+    t.ema_decay = None
+    t.text_loss_weight = 1.0
+    t.real_action_dim = 2
+    t.log_interval = 50
+    t.save_interval = 1200
+    t.keep_period = 0
     c.data = ml_collections.ConfigDict()
     # Raw observation key -> LeRobot column ("key=column" pairs), the action column, the subtask column.
     c.data.repack = ("observation/image=observation.image", "observation/state=observation.state")
@@ -40,4 +55,6 @@ def get_config():
     c.data.subtask = "subtask"
     # Share of train examples that carry their subtask text (the others train actions on the prompt alone).
     c.data.text_fraction = 0.5
+    # The demo dataset is small: decode its images once instead of every epoch.
+    c.data.keep_decoded = False
     return c

@@ -71,11 +71,17 @@ def max_task_reward(env: Any) -> float:
     return float(env.unwrapped._env.task.max_reward)
 
 
-def evaluate(policy: common.EvalPolicy, settings: Settings, out_dir: pathlib.Path, info: dict) -> dict:
+def evaluate(
+    policy: common.EvalPolicy,
+    settings: Settings,
+    out_dir: pathlib.Path,
+    info: dict,
+    recorder: common.EpisodeRecorder | None = None,
+) -> dict:
     """Runs the episodes, rewriting `out_dir/results.json` after each; returns the final results."""
     env = make_env(settings.task)
     prompt = settings.prompt or TASKS[settings.task]
-    chunker = common.ActionChunker(policy, settings.replan_steps)
+    chunker = common.ActionChunker(policy, settings.replan_steps, recorder)
     results: dict[str, Any] = {
         "env": "aloha",
         "task": settings.task,
@@ -131,6 +137,7 @@ def _run_episode(
         best = max(best, float(reward))
         if best >= target or terminated or truncated:
             break
+    chunker.end_episode()
     record = {"episode": episode, "seed": seed, "success": best >= target, "max_reward": best}
     record.update(common.episode_record(replans, meter))
     if settings.save_video:

@@ -43,6 +43,14 @@ class EvalPolicy(Protocol):
     def infer(self, obs: dict) -> dict: ...
 
 
+class EpisodeRecorder(Protocol):
+    """Where a loop records its episodes (`training.data.lerobot_writer.LeRobotWriter`)."""
+
+    def add_frame(self, frame: Mapping[str, Any], task: str) -> None: ...
+
+    def save_episode(self) -> int: ...
+
+
 def require(module: str, *, install: str, purpose: str) -> Any:
     """Imports an optional dependency, or says how to install it."""
     try:
@@ -157,6 +165,24 @@ def define_policy_flags(default_config: str) -> None:
     )
     flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (config's when absent).")
     flags.DEFINE_integer("num_steps", None, "Denoising steps (config's when absent).")
+    flags.DEFINE_string(
+        "record_dir",
+        None,
+        "Record every control step (observation, executed action, the policy's text) as a LeRobot dataset "
+        "in this new folder (docs/training.md).",
+    )
+
+
+def recorder_from_flags(fps: float, robot_type: str) -> EpisodeRecorder | None:
+    """The `--record_dir` dataset writer, or None without the flag."""
+    if not flags.FLAGS.record_dir:
+        return None
+    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
+
+    try:
+        return LeRobotWriter(flags.FLAGS.record_dir, fps=fps, robot_type=robot_type)
+    except FileExistsError as error:
+        raise SetupError(str(error)) from error
 
 
 def policy_from_flags(robot: str) -> EvalPolicy:
@@ -199,11 +225,39 @@ class Replan:
     text: str | None
 
 
+def recorded_frame(obs: Mapping[str, Any], action: np.ndarray, text: str) -> dict[str, Any]:
+    """One control step as dataset columns: the observation sent to the policy under its own keys (nested
+    ones joined by "/", CHW images turned HWC, the prompt left to the episode's task), the executed
+    `action` and the last `text` the policy said ("" before it said any)."""
+    frame: dict[str, Any] = {}
+
+    def add(prefix: str, value: Any) -> None:
+        if isinstance(value, Mapping):
+            for key, item in value.items():
+                add(f"{prefix}{key}/", item)
+            return
+        array = np.asarray(value)
+        if array.dtype == np.uint8 and array.ndim == 3 and array.shape[0] == 3 and array.shape[-1] != 3:
+            array = np.moveaxis(array, 0, -1)
+        frame[prefix[:-1]] = array
+
+    add("", {key: value for key, value in obs.items() if key != "prompt"})
+    frame["action"] = np.asarray(action, np.float32)
+    frame["text"] = text
+    return frame
+
+
 class ActionChunker:
     """Queries the policy every `replan_steps` control steps and executes the head of each chunk, as
-    openpi's LIBERO loop and `ActionChunkBroker` do; the rest of each chunk is dropped."""
+    openpi's LIBERO loop and `ActionChunkBroker` do; the rest of each chunk is dropped.
 
-    def __init__(self, policy: EvalPolicy, replan_steps: int) -> None:
+    With a `recorder`, every control step's observation, executed action and the policy's latest text
+    are recorded (the observation is then built every step, not only at replans); `end_episode` closes
+    the recorded episode."""
+
+    def __init__(
+        self, policy: EvalPolicy, replan_steps: int, recorder: EpisodeRecorder | None = None
+    ) -> None:
         if replan_steps < 1:
             raise ValueError(f"replan_steps must be >= 1, got {replan_steps}")
         horizon = policy.metadata.get("action_horizon")
@@ -212,16 +266,28 @@ class ActionChunker:
         self._policy = policy
         self._replan_steps = replan_steps
         self._plan: collections.deque[np.ndarray] = collections.deque()
+        self._recorder = recorder
+        self._recorded = 0
+        self._text = ""
 
     def reset(self) -> None:
         self._plan.clear()
+        self._text = ""
+
+    def end_episode(self) -> None:
+        """Saves the recorded episode (nothing without a recorder or recorded steps)."""
+        if self._recorder is not None and self._recorded:
+            self._recorder.save_episode()
+        self._recorded = 0
 
     def act(self, step: int, make_obs: Callable[[], dict]) -> tuple[np.ndarray, Replan | None]:
-        """The action for this step; builds the observation (and replans) only when the plan is empty."""
+        """The action for this step; builds the observation (and replans) only when the plan is empty,
+        or every step when recording."""
         replan = None
+        obs = make_obs() if self._recorder is not None else None
         if not self._plan:
             start = time.perf_counter()
-            result = self._policy.infer(make_obs())
+            result = self._policy.infer(make_obs() if obs is None else obs)
             latency_ms = (time.perf_counter() - start) * 1000
             chunk = np.asarray(result["actions"])
             if chunk.ndim != 2 or len(chunk) < self._replan_steps:
@@ -231,7 +297,12 @@ class ActionChunker:
             self._plan.extend(chunk[: self._replan_steps])
             text = result.get("text")
             replan = Replan(step, latency_ms, None if text is None else str(text))
-        return self._plan.popleft(), replan
+            self._text = self._text if text is None else str(text)
+        action = self._plan.popleft()
+        if obs is not None:
+            self._recorder.add_frame(recorded_frame(obs, action, self._text), task=str(obs.get("prompt", "")))
+            self._recorded += 1
+        return action, replan
 
 
 class RateMeter:

@@ -112,10 +112,16 @@ def deferred_interrupt() -> Iterator[None]:
         raise KeyboardInterrupt
 
 
-def rollout(policy: common.EvalPolicy, source: Source, prompt: str, settings: Settings) -> dict:
+def rollout(
+    policy: common.EvalPolicy,
+    source: Source,
+    prompt: str,
+    settings: Settings,
+    recorder: common.EpisodeRecorder | None = None,
+) -> dict:
     """One rollout until `max_steps`, the end of the stream, or Ctrl+C; returns its record plus the
-    executed `actions` [T, 8] and the exterior camera `frames`."""
-    chunker = common.ActionChunker(policy, settings.open_loop_horizon)
+    executed `actions` [T, 8] and the exterior camera `frames` (and records it as one episode)."""
+    chunker = common.ActionChunker(policy, settings.open_loop_horizon, recorder)
     pacer = common.Pacer(settings.control_hz) if settings.control_hz else None
     meter = common.RateMeter()
     frames, actions, replans = [], [], []
@@ -140,6 +146,7 @@ def rollout(policy: common.EvalPolicy, source: Source, prompt: str, settings: Se
                 pacer.wait()
     except KeyboardInterrupt:
         common.echo("rollout stopped (Ctrl+C)")
+    chunker.end_episode()
     record = common.episode_record(replans, meter)
     record["late_steps"] = pacer.late_steps if pacer is not None else None
     record["actions"] = np.asarray(actions, np.float64).reshape(-1, ACTION_DIM)
@@ -203,9 +210,10 @@ def replay(
     settings: Settings,
     out_dir: pathlib.Path,
     info: dict,
+    recorder: common.EpisodeRecorder | None = None,
 ) -> dict:
     """Streams `frames` through the robot loop; writes results.json, actions.npz and a video."""
-    record = rollout(policy, ReplaySource(frames), prompt, settings)
+    record = rollout(policy, ReplaySource(frames), prompt, settings, recorder)
     out_dir.mkdir(parents=True, exist_ok=True)
     np.savez(out_dir / "actions.npz", actions=record.pop("actions"))
     frames_seen = record.pop("frames")
@@ -327,6 +335,7 @@ def run_robot(
     operator: Operator,
     settings: Settings,
     out_dir: pathlib.Path,
+    recorder: common.EpisodeRecorder | None = None,
 ) -> pathlib.Path:
     """Rollouts until the operator gives an empty instruction; one CSV row per scored rollout."""
     if cameras.external not in ("left", "right"):
@@ -343,7 +352,7 @@ def run_robot(
                 break
             started = datetime.datetime.now()
             common.echo("rolling out; Ctrl+C stops early")
-            record = rollout(policy, source, prompt, settings)
+            record = rollout(policy, source, prompt, settings, recorder)
             duration = (datetime.datetime.now() - started).total_seconds()
             video = ""
             if settings.save_video and record["frames"]:

@@ -144,13 +144,20 @@ def observation(env_obs: dict, prompt: str, resize: int) -> dict:
     }
 
 
-def evaluate(policy: common.EvalPolicy, settings: Settings, out_dir: pathlib.Path, info: dict) -> dict:
-    """Runs every (suite, task, trial), rewriting `out_dir/results.json` after each episode."""
+def evaluate(
+    policy: common.EvalPolicy,
+    settings: Settings,
+    out_dir: pathlib.Path,
+    info: dict,
+    recorder: common.EpisodeRecorder | None = None,
+) -> dict:
+    """Runs every (suite, task, trial), rewriting `out_dir/results.json` after each episode; a `recorder`
+    records every episode."""
     libero = import_libero()
     from libero.libero import benchmark
 
     suites = benchmark.get_benchmark_dict()
-    chunker = common.ActionChunker(policy, settings.replan_steps)
+    chunker = common.ActionChunker(policy, settings.replan_steps, recorder)
     results: dict[str, Any] = {
         "env": "libero",
         "settings": dataclasses.asdict(settings),
@@ -245,6 +252,7 @@ def _run_episode(
                 common.echo(f"  step {step}: {replan.text!r}")
         env_obs, _, done, _ = env.step(np.asarray(action).tolist())
         meter.tick()
+    chunker.end_episode()
     return {"success": bool(done), **common.episode_record(replans, meter), "frames": frames}
 
 

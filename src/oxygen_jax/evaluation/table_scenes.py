@@ -23,7 +23,7 @@ COLOURS = {
 SLOTS = {"left": (0.2, "on the left"), "middle": (0.5, "in the middle"), "right": (0.8, "on the right")}
 GRIPPER_START = np.array([0.5, 0.85], np.float32)
 # Moves of the gripper from its start to the cube; an episode shows every position on the way.
-STEPS = 10
+STEPS = 5
 _TABLE = np.array([196, 164, 118], np.uint8)
 _CUBE_HALF = 0.07
 _GRIPPER_RADIUS = 0.05
@@ -91,3 +91,20 @@ def render(scene: Scene, gripper: np.ndarray) -> np.ndarray:
     distance = np.hypot(xs - gripper[0], ys - gripper[1])
     image[(distance <= _GRIPPER_RADIUS) & (distance >= _GRIPPER_RADIUS * 0.55)] = (30, 30, 30)
     return image
+
+
+def model_stream(cfg, checkpoint_dir: str | None, seed: int = 0) -> Iterator[tuple[Scene, dict]]:
+    """Endless (scene, batch-1 model-level frame) pairs for the frame loop (`scripts/run.py`): each scene
+    at its start, through the table robot's transforms with the checkpoint's norm stats."""
+    from oxygen_jax import config
+    from oxygen_jax.policies.policy import norm_stats_for, robot, robot_pipeline
+    from oxygen_jax.policies.robot_io import RobotIO
+    from oxygen_jax.tokenizer import Tokenizer
+
+    model_config = config.model_config(cfg)
+    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    stats = norm_stats_for(cfg, config.checkpoint_for(cfg, checkpoint_dir))
+    io = RobotIO(robot(cfg).raw_spec, robot_pipeline(cfg, stats, tokenizer), model_config)
+    for scene in scenes(seed):
+        frame = io.inputs(scene.observation(0))
+        yield scene, {key: np.asarray(value)[None] for key, value in frame.items()}

@@ -302,7 +302,7 @@ class Policy:
         return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
 
 
-def _norm_stats(cfg, checkpoint_dir: str | None) -> dict[str, normalization.NormStats] | None:
+def norm_stats_for(cfg, checkpoint_dir: str | None) -> dict[str, normalization.NormStats] | None:
     """The checkpoint's norm stats for the config's asset id; none (identity) without a checkpoint."""
     if checkpoint_dir is None:
         logger.warning("no checkpoint: identity normalization")
@@ -340,10 +340,11 @@ def create_policy(
     if overrides:
         cfg.update_from_flattened_dict(dict(overrides))
     found = robot(cfg)
+    checkpoint_dir = config.checkpoint_for(cfg, checkpoint_dir)
     model_config = config.model_config(cfg)
     params = load_params(model_config, checkpoint_dir, seed=cfg.seed, dtype=params_dtype)
     if norm_stats is None:
-        norm_stats = _norm_stats(cfg, checkpoint_dir)
+        norm_stats = norm_stats_for(cfg, checkpoint_dir)
     tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
     pipeline = robot_pipeline(cfg, norm_stats, _FittingPrompt(tokenizer), default_prompt=default_prompt)
     return Policy(

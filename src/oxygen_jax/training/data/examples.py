@@ -22,6 +22,7 @@ from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies import transforms
 from oxygen_jax.tokenizer import Tokenizer
 from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset, decode_image
+from oxygen_jax.training.data.prefetch import prefetch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,10 +38,13 @@ class Columns:
 class FrameSource:
     """Every frame of a dataset as a raw robot observation + `actions` chunk + `prompt` (+ `subtask`).
 
-    Non-image columns are held in memory; stored images stay encoded until a frame is asked for.
+    Non-image columns are held in memory; stored images stay encoded until a frame is asked for, or, with
+    `keep_decoded` (small datasets, e.g. the demo's), are decoded once up front.
     """
 
-    def __init__(self, dataset: LeRobotDataset, columns: Columns, action_horizon: int) -> None:
+    def __init__(
+        self, dataset: LeRobotDataset, columns: Columns, action_horizon: int, *, keep_decoded: bool = False
+    ) -> None:
         self.dataset = dataset
         self.columns = columns
         self.action_horizon = action_horizon
@@ -49,7 +53,8 @@ class FrameSource:
             names.append(columns.subtask)
         dataset.require(names)
         self._episodes = [
-            dataset.read_episode(e, dict.fromkeys(names), decode_images=False) for e in dataset.episodes
+            dataset.read_episode(e, dict.fromkeys(names), decode_images=keep_decoded)
+            for e in dataset.episodes
         ]
         self._index = [(e, t) for e, episode in enumerate(dataset.episodes) for t in range(episode.length)]
         for e, episode in enumerate(self._episodes):
@@ -68,7 +73,7 @@ class FrameSource:
         raw = {}
         for key, column in self.columns.repack.items():
             value = episode[column][t]
-            if self.dataset.features[column]["dtype"] == "image":
+            if self.dataset.features[column]["dtype"] == "image" and not isinstance(value, np.ndarray):
                 value = decode_image(value, self.dataset.root)
             raw[key] = value
         actions = np.asarray(episode[self.columns.actions])
@@ -145,9 +150,16 @@ class TrainExamples:
             "actions": actions,
         }
 
-    def batches(self, batch_size: int, *, seed: int = 0, text_fraction: float = 1.0) -> Iterator[dict]:
-        """Endless shuffled batches (a new permutation per epoch). `text_fraction` of the examples carry
-        their subtask; the rest train the actions on the prompt alone, the prefix serving acts from."""
+    def batches(
+        self, batch_size: int, *, seed: int = 0, text_fraction: float = 1.0, prefetch_batches: int = 2
+    ) -> Iterator[dict]:
+        """Endless shuffled batches (a new permutation per epoch), made `prefetch_batches` ahead on a
+        background thread (0: in the caller's). `text_fraction` of the examples carry their subtask; the
+        rest train the actions on the prompt alone, the prefix serving acts from."""
+        made = self._batches(batch_size, seed, text_fraction)
+        return prefetch(made, prefetch_batches) if prefetch_batches else made
+
+    def _batches(self, batch_size: int, seed: int, text_fraction: float) -> Iterator[dict]:
         rng = np.random.default_rng(seed)
         order = np.empty(0, int)
         while True:

@@ -22,7 +22,12 @@ def columns(cfg) -> Columns:
 def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | None) -> TrainExamples:
     """Examples of the LeRobot dataset at `dataset_dir` through the config's robot transforms."""
     model_config = config.model_config(cfg)
-    source = FrameSource(LeRobotDataset(dataset_dir), columns(cfg), model_config.action_horizon)
+    source = FrameSource(
+        LeRobotDataset(dataset_dir),
+        columns(cfg),
+        model_config.action_horizon,
+        keep_decoded=cfg.data.get("keep_decoded", False),
+    )
     tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
     return TrainExamples(source, robot_pipeline(cfg, norm_stats, tokenizer), tokenizer, model_config)
 
