@@ -79,6 +79,11 @@ _MAX_DELAY_MS = flags.DEFINE_float(
 _K = flags.DEFINE_integer("k", 4, "Frame loop: decode steps per frame (ignored when --target_hz is set).")
 _TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame loop: frame rate to hold; k chosen per frame.")
 _MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
+_MAX_TEXT_TASKS = flags.DEFINE_integer(
+    "max_text_tasks",
+    0,
+    "Stream mode: most text_tasks a request may carry (0: none; >0 compiles more at warm-up).",
+)
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
 _GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
 _MAX_MESSAGE_MB = flags.DEFINE_float(
@@ -153,6 +158,7 @@ def main(_):
             max_batch=_MAX_BATCH.value,
             loop=_LOOP.value,
             gather_s=_GATHER_MS.value / 1e3,
+            max_text_tasks=_MAX_TEXT_TASKS.value,
         )
         backend = SessionServerBackend(session)
     logging.info("serving metadata: %s", backend.metadata)

@@ -158,7 +158,7 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
     frame, to float32 rounding in a batch of two) and its text advances one token per frame."""
     attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, **request_options)
     before = session._speech.get("healthy")
-    previous = 0 if not before or before[0].result is not None else len(before[0].tokens)
+    previous = 0 if not before or before[0][0].result is not None else len(before[0][0].tokens)
     good, other = session.step([healthy(noise), attacker])
     if isinstance(other, Exception):
         assert isinstance(other, ValueError) and "\n" not in str(other)

@@ -36,6 +36,16 @@ MAX_TASK_TOKENS = 32
 
 
 @dataclasses.dataclass(frozen=True)
+class PlannedTask:
+    """One checked text task: its instruction's tokens (the suffix on the shared prefix) and options."""
+
+    name: str
+    suffix: list[int]
+    max_new_tokens: int
+    temperature: float
+
+
+@dataclasses.dataclass(frozen=True)
 class _Robot:
     make_pipeline: Callable[..., transforms.Pipeline]
     raw_spec: RawSpec
@@ -223,19 +233,30 @@ class Policy:
             )
         return suffix
 
+    def plan_text_tasks(
+        self, text_tasks: Any, max_text_tokens: int | None, temperature: float | None
+    ) -> list[PlannedTask]:
+        """A request's `text_tasks` checked: per task its name, instruction suffix, token budget and
+        temperature (the call's `max_text_tokens` / `temperature` where the task sets none)."""
+        default_temperature = self.text_temperature(temperature)
+        return [
+            PlannedTask(
+                task.name,
+                self.task_suffix(task),
+                self.text_budget(
+                    True, max_text_tokens if task.max_text_tokens is None else task.max_text_tokens
+                ),
+                default_temperature if task.temperature is None else self.text_temperature(task.temperature),
+            )
+            for task in parse_text_tasks(text_tasks)
+        ]
+
     def _infer_tasks(self, obs, noise, text_tasks, max_text_tokens, temperature, top_p) -> dict[str, Any]:
         """Actions and one text per task, from one prefill plus one extension call."""
-        tasks = parse_text_tasks(text_tasks)
-        budgets = [
-            self.text_budget(True, max_text_tokens if t.max_text_tokens is None else t.max_text_tokens)
-            for t in tasks
-        ]
-        default_temperature = self.text_temperature(temperature)
-        temps = [
-            default_temperature if t.temperature is None else self.text_temperature(t.temperature)
-            for t in tasks
-        ]
-        suffixes = [self.task_suffix(t) for t in tasks]
+        tasks = self.plan_text_tasks(text_tasks, max_text_tokens, temperature)
+        budgets = [task.max_new_tokens for task in tasks]
+        temps = [task.temperature for task in tasks]
+        suffixes = [task.suffix for task in tasks]
         arrays, observation, noise, text_seed = self._prepare(obs, noise)
 
         start = time.monotonic()

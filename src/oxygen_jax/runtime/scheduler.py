@@ -7,10 +7,15 @@ evict. k comes from a FixedK or DeadlineK policy.
 
 The two halves of a frame, `act` (the hard-deadline path) and `advance` (a decode chunk and its
 harvest), are also what the device loop (`runtime/device_loop.py`) schedules on its own clock.
+
+A frame input may also carry task requests, each with its instruction's token suffix: one `Engine.extend`
+call per frame appends every task's suffix to its observation's prefix, and the extended rows join the
+batch state like any other request (the state reserves `task_suffix_len` columns for them).
 """
 
 import dataclasses
 import time
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -24,12 +29,14 @@ from oxygen_jax.runtime.requests import TextRequest, TextResult
 
 @dataclasses.dataclass
 class FrameInput:
-    """One observation (model-level arrays with batch dim 1), optional noise [1, H, A], and the
-    language requests that ask about this observation (they share its prefix cache)."""
+    """One observation (model-level arrays with batch dim 1), optional noise [1, H, A], the language
+    requests that continue this observation's prompt (they share its prefix cache) and the task requests,
+    each decoding after its own instruction tokens appended to that prefix."""
 
     arrays: dict[str, np.ndarray]
     noise: np.ndarray | None = None
     requests: list[TextRequest] = dataclasses.field(default_factory=list)
+    tasks: list[tuple[TextRequest, Sequence[int]]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -64,8 +71,14 @@ class FrameScheduler:
         num_steps: int = 10,
         max_prefill_batch: int = 4,
         seed: int = 0,
+        task_suffix_len: int = 0,
+        max_frame_tasks: int = 0,
     ):
+        """task_suffix_len: the columns of a task's instruction suffix (0: no task requests);
+        max_frame_tasks: the most task requests one frame may carry (all its observations together)."""
         self.engine = engine
+        self.task_suffix_len = task_suffix_len
+        self.max_frame_tasks = max_frame_tasks if task_suffix_len else 0
         self.manager = manager
         self.k_policy = k_policy
         self.num_steps = num_steps
@@ -132,11 +145,24 @@ class FrameScheduler:
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
         cache = self.engine.prefill(obs)
         actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps))[:n]
-        queued = [(request, row) for row, item in enumerate(frame_inputs) for request in item.requests]
-        for request, _ in queued:  # all or none join, so a failed batch leaves nothing behind
-            self.manager.check(request, cache)
-        for request, row in queued:
-            self.manager.submit(request, cache, row, self.frame)
+        queued = [(request, cache, row) for row, item in enumerate(frame_inputs) for request in item.requests]
+        tasks = [
+            (request, suffix, row) for row, item in enumerate(frame_inputs) for request, suffix in item.tasks
+        ]
+        if tasks:
+            if len(tasks) > self.max_frame_tasks:
+                raise ValueError(
+                    f"a frame takes at most {self.max_frame_tasks} task requests, got {len(tasks)}"
+                )
+            rows = np.array([row for _, _, row in tasks])
+            extended = self.engine.extend(
+                cache, rows, [suffix for _, suffix, _ in tasks], self.task_suffix_len
+            )
+            queued += [(request, extended, t) for t, (request, _, _) in enumerate(tasks)]
+        for request, source, _ in queued:  # all or none join, so a failed batch leaves nothing behind
+            self.manager.check(request, source)
+        for request, source, row in queued:
+            self.manager.submit(request, source, row, self.frame)
         return list(actions)
 
     def _noise(self, item: FrameInput) -> np.ndarray:
@@ -151,7 +177,7 @@ class FrameScheduler:
         insert bucket, decode, evict) and leaves the manager empty. `example`: one observation's arrays
         (batch dim 1)."""
         obs = inputs.observation_from_arrays(example, self.engine.config)
-        self.manager.fit_prefix(self.engine.prefix_len(obs))
+        self.manager.fit_prefix(self.engine.prefix_len(obs) + self.task_suffix_len)
         sizes = sorted({bucket(n, self.max_prefill_batch) for n in range(1, self.max_prefill_batch + 1)})
         slots = self.manager.max_slots
         saved_policy, self.k_policy = self.k_policy, FixedK(1)
@@ -169,7 +195,34 @@ class FrameScheduler:
         # A queued request's compacted single-row cache, inserted later.
         overflow = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots + 1)]
         self.step([FrameInput(example, requests=overflow)])
-        while self.manager.active or self.manager.queued:
-            self.step([])
+        self._drain()
+        if self.max_frame_tasks:
+            self._warm_up_tasks(example, sizes, request_id - slots - 1)
         self.k_policy = saved_policy
         self.frame = 0
+
+    def _warm_up_tasks(self, example: dict[str, np.ndarray], sizes: list[int], request_id: int) -> None:
+        """Every extension shape (prefill batch x task bucket) and every insert of extended rows into as
+        many free slots as steady state can leave (the others queue and are compacted)."""
+        slots = self.manager.max_slots
+        for size in sizes:
+            for n_tasks in sorted(
+                {bucket(n, self.max_frame_tasks) for n in range(1, self.max_frame_tasks + 1)}
+            ):
+                for free in sorted({bucket(m, slots) for m in range(1, min(n_tasks, slots) + 1)}):
+                    busy = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots - free)]
+                    request_id -= len(busy)
+                    if busy:
+                        self.step([FrameInput(example, requests=busy)])
+                    frame_inputs = [FrameInput(example) for _ in range(size)]
+                    for i in range(n_tasks):
+                        frame_inputs[i % size].tasks.append(
+                            (TextRequest(request_id - i, max_new_tokens=1), [1])
+                        )
+                    request_id -= n_tasks
+                    self.step(frame_inputs)
+                    self._drain()
+
+    def _drain(self) -> None:
+        while self.manager.active or self.manager.queued:
+            self.step([])

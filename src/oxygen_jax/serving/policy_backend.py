@@ -12,7 +12,8 @@ ValueError, which the server answers as "Bad request: ...".
 - `SessionServerBackend` (default): every connection is a robot of one `MultiRobotSession`, whose device
   loop prefills the observations that wait together and decodes all robots' language requests in one
   batch state (see `serving/session.py` for the reply's text fields). `max_text_tokens`, `temperature`
-  and `top_p` apply to the language request a request starts.
+  and `top_p` apply to the language request a request starts, and `text_tasks` makes it one request per
+  task (with a session that takes them).
 """
 
 import asyncio
@@ -104,8 +105,6 @@ class SessionServerBackend:
 
     async def infer_async(self, obs: dict) -> dict:
         obs, text_tasks = _split_tasks(obs)
-        if text_tasks is not None:
-            raise ValueError("'text_tasks' are served with --language=inline (one prefill per request)")
         obs, options, robot_id = _split_request(obs)
         client = asyncio.current_task()
         if client not in self._clients:
@@ -117,7 +116,7 @@ class SessionServerBackend:
         def answer(result: dict | Exception) -> None:
             loop.call_soon_threadsafe(_settle, reply, result)
 
-        request = RobotRequest(client, obs, robot_id=robot_id, **options)
+        request = RobotRequest(client, obs, robot_id=robot_id, text_tasks=text_tasks, **options)
         await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
         return await reply
 
@@ -141,6 +140,7 @@ def text_message(event: TextEvent) -> dict:
     return {
         "robot_id": event.robot_id,
         "request_id": event.request_id,
+        "task": event.task,
         "tokens": np.asarray(event.tokens, np.int32),
         "text": event.text,
         "done": event.done,

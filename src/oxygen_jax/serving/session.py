@@ -12,6 +12,11 @@ robot's oldest unreported request, and the reply that says `text_done` is the la
 request that finished between two observations lets the next observation start a new one at once (that
 reply reports the finished one; the new one shows from the following reply on).
 
+A request with `text_tasks` (see `policies.text_tasks`) starts one language request per task instead, each
+decoding after its instruction appended to the observation's prefix (`FrameScheduler`, one extension call
+per batch); its replies carry `texts` and `texts_tokens` (task name -> text so far), `text_done` (every
+task finished) and `text_request_ids` (task name -> request id).
+
 `subscribe` pushes a `TextEvent` for every chunk of new tokens and every finished request as the device
 thread produces them. Actions equal `Policy.infer`'s with the same noise. The first request compiles every
 shape steady state can meet (`warmup`), so later ones never compile.
@@ -27,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.policies.policy import Policy
+from oxygen_jax.policies.policy import MAX_TASK_TOKENS, PlannedTask, Policy
 from oxygen_jax.runtime.device_loop import ActionReply, DeviceLoop, ObservationWork
 from oxygen_jax.runtime.k_policy import KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager
@@ -54,15 +59,18 @@ class RobotRequest:
     temperature: float | None = None
     top_p: float | None = None
     robot_id: str | None = None
+    text_tasks: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
 class TextEvent:
     """New tokens of one language request (`tokens`, possibly none in the final event), its text so far
-    and, once it finished, `done` with the reason ("eos", "length" or "cancelled")."""
+    and, once it finished, `done` with the reason ("eos", "length" or "cancelled"); `task` names its text
+    task (None: the request continues the observation's prompt)."""
 
     robot_id: str
     request_id: int
+    task: str | None
     tokens: np.ndarray
     text: str
     done: bool
@@ -82,6 +90,7 @@ class _Speech:
 
     request_id: int
     robot_id: str
+    task: str | None = None
     tokens: list[int] = dataclasses.field(default_factory=list)
     result: TextResult | None = None
 
@@ -99,10 +108,13 @@ class MultiRobotSession:
         seed: int = 0,
         loop: str = "async",
         gather_s: float = 0.0,
+        max_text_tasks: int = 0,
     ) -> None:
         """max_slots: language requests decoded together (more wait in the admission queue);
         max_batch: observations prefilled together; loop: "async" or "frame" (`DeviceLoop` modes);
-        gather_s: how long a first waiting observation waits for the other known robots' ones."""
+        gather_s: how long a first waiting observation waits for the other known robots' ones;
+        max_text_tasks: the most `text_tasks` one request may carry (0: none; else the batch state
+        reserves room for a task's instruction and warm-up compiles the extension shapes)."""
         self._policy = policy
         language = policy.max_text_tokens > 0
         # The session is `Policy.infer` batched over robots: it reuses the Policy's own transforms, tokenizer,
@@ -117,7 +129,10 @@ class MultiRobotSession:
             num_steps=policy.num_steps,
             max_prefill_batch=max_batch,
             seed=seed,
+            task_suffix_len=MAX_TASK_TOKENS if max_text_tasks and language else 0,
+            max_frame_tasks=max_batch * max_text_tasks,
         )
+        self._max_text_tasks = max_text_tasks if language else 0
         self._loop = DeviceLoop(
             self._scheduler, mode=loop, gather_s=gather_s, expected_senders=lambda: len(self._robot_ids)
         )
@@ -126,7 +141,9 @@ class MultiRobotSession:
         self._request_ids = itertools.count()
         self._robot_numbers = itertools.count()
         self._robot_ids: dict[Hashable, str] = {}
-        self._speech: dict[Hashable, list[_Speech]] = {}  # per robot, oldest unreported first
+        # Per robot, its language requests to report, oldest first: one group per observation that started
+        # some (one request, or one per text task).
+        self._speech: dict[Hashable, list[list[_Speech]]] = {}
         self._listeners: tuple[Callable[[TextEvent], None], ...] = ()
         self._warm = False
 
@@ -147,6 +164,7 @@ class MultiRobotSession:
             "loop": self._loop.mode,
             "max_slots": self._scheduler.manager.max_slots,
             "max_batch": self.max_batch,
+            "max_text_tasks": self._max_text_tasks,
         }
 
     def start(self) -> "MultiRobotSession":
@@ -209,9 +227,9 @@ class MultiRobotSession:
         def leave() -> None:
             self._loop.withdraw(client)
             with self._lock:
-                speeches = self._speech.pop(client, [])
+                groups = self._speech.pop(client, [])
                 self._robot_ids.pop(client, None)
-            for speech in speeches:
+            for speech in (speech for group in groups for speech in group):
                 if speech.result is None:
                     self._scheduler.manager.cancel(speech.request_id, self._scheduler.frame)
 
@@ -231,6 +249,7 @@ class MultiRobotSession:
             budget = self._policy.text_budget(None, request.max_text_tokens)
             temperature = self._policy.text_temperature(request.temperature)
             top_p = self._policy.text_top_p(request.top_p)
+            tasks = self._tasks(request, budget)
             arrays = _batched(self._policy.model_inputs(request.obs))
             noise = None if request.noise is None else np.asarray(self._policy.action_noise(request.noise, 0))
         except Exception as error:
@@ -239,29 +258,44 @@ class MultiRobotSession:
         frame_input = FrameInput(arrays, noise)
         with self._lock:
             robot_id = self._robot_id(request)
-            speeches = self._speech.setdefault(request.client, [])
-            speech = None
-            if budget and all(other.result is not None for other in speeches):
-                speech = _Speech(next(self._request_ids), robot_id)
-                speeches.append(speech)
-                frame_input.requests.append(
-                    TextRequest(
+            groups = self._speech.setdefault(request.client, [])
+            group: list[_Speech] = []
+            if budget and all(speech.result is not None for other in groups for speech in other):
+                for task in tasks or [None]:
+                    speech = _Speech(next(self._request_ids), robot_id, None if task is None else task.name)
+                    text = TextRequest(
                         speech.request_id,
-                        budget,
-                        temperature=temperature,
+                        budget if task is None else task.max_new_tokens,
+                        temperature=temperature if task is None else task.temperature,
                         top_p=top_p,
                         seed=int(self._rng.integers(2**31)),
                         on_tokens=lambda _id, tokens, speech=speech: self._on_tokens(speech, tokens),
                         on_done=lambda result, speech=speech: self._on_done(speech, result),
                     )
-                )
+                    if task is None:
+                        frame_input.requests.append(text)
+                    else:
+                        frame_input.tasks.append((text, task.suffix))
+                    group.append(speech)
+                groups.append(group)
         if not self._warm:
             self._on_device(lambda: self._warm or self._warm_up(arrays))
 
         def on_actions(reply: ActionReply) -> None:
-            answer(self._reply(request.client, robot_id, arrays["state"][0], speech, reply))
+            answer(self._reply(request.client, robot_id, arrays["state"][0], group, reply))
 
         return ObservationWork(frame_input, on_actions, sender=request.client)
+
+    def _tasks(self, request: RobotRequest, budget: int) -> list[PlannedTask]:
+        """The request's text tasks, checked (none without `text_tasks`)."""
+        if request.text_tasks is None:
+            return []
+        if not self._max_text_tasks:
+            raise ValueError("text_tasks: this server takes none (start it with --max_text_tasks > 0)")
+        tasks = self._policy.plan_text_tasks(request.text_tasks, request.max_text_tokens, request.temperature)
+        if len(tasks) > self._max_text_tasks:
+            raise ValueError(f"text_tasks: at most {self._max_text_tasks} tasks, got {len(tasks)}")
+        return tasks if budget else []
 
     def _robot_id(self, request: RobotRequest) -> str:
         known = self._robot_ids.get(request.client)
@@ -272,16 +306,16 @@ class MultiRobotSession:
         return self._robot_ids[request.client]
 
     def _reply(
-        self, client: Hashable, robot_id: str, state: np.ndarray, speech: _Speech | None, reply: ActionReply
+        self, client: Hashable, robot_id: str, state: np.ndarray, group: list[_Speech], reply: ActionReply
     ) -> dict[str, Any] | Exception:
-        """The robot's reply from its actions (device thread); a failed observation's language request is
-        withdrawn (it never joined: a batch joins all or none)."""
+        """The robot's reply from its actions (device thread); a failed observation's language requests
+        are withdrawn (they never joined: a batch joins all or none)."""
         if reply.error is not None:
-            if speech is not None:
+            if group:
                 with self._lock:
-                    speeches = self._speech.get(client, [])
-                    if speech in speeches:
-                        speeches.remove(speech)
+                    groups = self._speech.get(client, [])
+                    if any(other is group for other in groups):
+                        groups.remove(group)
             return reply.error
         try:
             outputs = self._policy.robot_outputs(state, reply.actions)
@@ -292,33 +326,48 @@ class MultiRobotSession:
         return {**outputs, **self._text_fields(client), "robot_id": robot_id, "policy_timing": timing}
 
     def _text_fields(self, client: Hashable) -> dict[str, Any]:
+        """The fields of the robot's oldest unreported group of language requests."""
         with self._lock:
-            speeches = self._speech.get(client)
-            if not speeches:
+            groups = self._speech.get(client)
+            if not groups:
                 return {}
-            speech = speeches[0]
-            if speech.result is not None:
-                speeches.pop(0)  # reported done once
+            group = groups[0]
+            done = all(speech.result is not None for speech in group)
+            if done:
+                groups.pop(0)  # reported done once
+        texts = {speech.task: self._text_so_far(speech) for speech in group}
+        if group[0].task is None:
+            (text, tokens), request_id = texts[None], group[0].request_id
+            return {"text": text, "text_tokens": tokens, "text_done": done, "text_request_id": request_id}
+        return {
+            "texts": {name: text for name, (text, _) in texts.items()},
+            "texts_tokens": {name: tokens for name, (_, tokens) in texts.items()},
+            "text_done": done,
+            "text_request_ids": {speech.task: speech.request_id for speech in group},
+        }
+
+    def _text_so_far(self, speech: _Speech) -> tuple[str, np.ndarray]:
         if speech.result is not None:
-            tokens, text, done = speech.result.tokens, speech.result.text, True
-        else:
-            tokens = np.asarray(speech.tokens, np.int32)
-            text, done = self._policy.detokenize(tokens), False
-        return {"text": text, "text_tokens": tokens, "text_done": done, "text_request_id": speech.request_id}
+            return speech.result.text, speech.result.tokens
+        tokens = np.asarray(speech.tokens, np.int32)
+        return self._policy.detokenize(tokens), tokens
 
     def _on_tokens(self, speech: _Speech, tokens: np.ndarray) -> None:
         speech.tokens.extend(tokens.tolist())
         if self._listeners:
             text = self._policy.detokenize(np.asarray(speech.tokens, np.int32))
-            self._publish(TextEvent(speech.robot_id, speech.request_id, tokens, text, done=False))
+            self._publish(
+                TextEvent(speech.robot_id, speech.request_id, speech.task, tokens, text, done=False)
+            )
 
     def _on_done(self, speech: _Speech, result: TextResult) -> None:
         with self._lock:
             speech.result = result
         new = result.tokens[len(speech.tokens) :]
-        self._publish(
-            TextEvent(speech.robot_id, speech.request_id, new, result.text, True, result.finish_reason)
+        event = TextEvent(
+            speech.robot_id, speech.request_id, speech.task, new, result.text, True, result.finish_reason
         )
+        self._publish(event)
 
     def _publish(self, event: TextEvent) -> None:
         for listener in self._listeners:
