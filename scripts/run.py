@@ -3,6 +3,12 @@
   python scripts/run.py                                   # pi05_cpu, random init, synthetic camera
   python scripts/run.py --config=pi05_libero --checkpoint_dir=pi05_libero --target_hz=50 \
       --arrivals=poisson --rate=0.5 --summary_json=summary.json
+  python scripts/run.py --loop=async --robots=4 --think_ms=300 --seconds=20   # robots on the device loop
+
+By default frames follow a frame clock with the `--arrivals` workload. With `--loop=async|frame` the same
+engine serves `--robots` closed-loop robots instead: each sends an observation, waits for its actions,
+executes them for `--think_ms`, and starts a language request whenever its previous one is done, on the
+device loop (`async`: language in idle time; `frame`: `--k` tokens per frame, before the replies).
 """
 
 import itertools
@@ -14,6 +20,7 @@ import tqdm
 from absl import app, flags
 
 from oxygen_jax import cli
+from oxygen_jax.benchmarks import serving
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime import arrivals, k_policy, metrics, observations
 from oxygen_jax.runtime.manager import KVCacheManager
@@ -42,6 +49,24 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for init, observations, arrivals and sampling.")
 _SUMMARY = flags.DEFINE_string("summary_json", None, "Write the run summary here.")
 _PRINT_TEXT = flags.DEFINE_integer("print_text", 3, "Print the first N finished texts.")
+_LOOP = flags.DEFINE_enum("loop", None, ["async", "frame"], "Serve closed-loop robots on the device loop.")
+_ROBOTS = flags.DEFINE_integer("robots", 1, "--loop: robots sending observations.")
+_THINK_MS = flags.DEFINE_float("think_ms", 300.0, "--loop: how long a robot executes its actions.")
+_SECONDS = flags.DEFINE_float("seconds", 20.0, "--loop: how long the robots run.")
+
+
+def serve_robots(engine, stream, max_new: int, num_steps: int) -> dict:
+    """--loop: the robot workload of `benchmarks/serving.py` on this engine."""
+    setting = serving.Setting(
+        _ROBOTS.value, _THINK_MS.value, max_new=max_new, frame_k=_K.value, seconds=_SECONDS.value
+    )
+    frames = [next(stream) for _ in range(8)]
+    print(f"{setting.name}: {_LOOP.value} loop, warming up, then {setting.seconds:g} s of robots...")
+    return {
+        "config": _CONFIG.value.name,
+        "setting": setting.name,
+        **serving.run_mode(engine, frames, _LOOP.value, setting, num_steps),
+    }
 
 
 def main(_):
@@ -68,6 +93,9 @@ def main(_):
         if _OBS_DIR.value
         else observations.synthetic_stream(engine.config, tokenizer, _PROMPT.value, _SEED.value)
     )
+    if _LOOP.value:
+        report(serve_robots(engine, stream, max_new, _STEPS.value or cfg.num_steps))
+        return
     pattern = arrivals.ArrivalPattern(
         _ARRIVALS.value, _RATE.value, lengths, _LONG_FRACTION.value, _SEED.value
     )
@@ -120,6 +148,10 @@ def main(_):
     for result in texts[: _PRINT_TEXT.value]:
         tokens = len(result.tokens)
         print(f"request {result.request_id} ({result.finish_reason}, {tokens} tokens): {result.text!r}")
+    report(summary)
+
+
+def report(summary: dict) -> None:
     print(json.dumps(summary, indent=1))
     if _SUMMARY.value:
         with open(_SUMMARY.value, "w") as f:
