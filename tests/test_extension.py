@@ -39,14 +39,14 @@ def _single_prefill(engine, obs, rows, suffixes, width):
     suffix_mask = np.zeros((len(rows), width), bool)
     for t, s in enumerate(suffixes):
         suffix[t, : len(s)], suffix_mask[t, : len(s)] = s, True
-    embedded = pi05._llm(cfg).apply({"params": params["PaliGemma"]["llm"]}, suffix, method="embed")
-    tokens = jnp.concatenate([tokens, embedded], axis=1)
+    llm = pi05.Pi05(cfg).bind({"params": params}).PaliGemma.llm
+    tokens = jnp.concatenate([tokens, llm.embed(suffix)], axis=1)
     mask = jnp.concatenate([mask, suffix_mask], axis=1)
     ar_mask = jnp.concatenate([ar_mask, jnp.ones(width, bool)])
     positions = jnp.cumsum(mask, axis=1) - 1
     attn = pi05.make_attn_mask(mask, ar_mask)
-    (hidden, _), new_kv = pi05._run_llm(params, cfg, [tokens, None], positions, attn)
-    k, v = pi05._stack_kv(new_kv)
+    (hidden, _), (k, v) = llm([tokens, None], positions, attn)
+    k, v = jnp.stack(k), jnp.stack(v)
     last = jnp.take_along_axis(hidden, pi05.last_valid_index(mask)[:, None, None], axis=1)[:, 0]
     return pi05.PrefixCache(k=k, v=v, mask=mask, positions=positions, length=mask.sum(1), last_hidden=last)
 

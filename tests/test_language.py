@@ -118,7 +118,7 @@ def test_masked_camera_is_invisible(engine, golden_params, tiny_config, golden_o
     np.testing.assert_array_equal(out_masked.tokens, out_compact.tokens)
     np.testing.assert_allclose(out_masked.logprobs, out_compact.logprobs, rtol=0, atol=ATOL_LOGPROBS)
     np.testing.assert_array_equal(out_compact.tokens, text_openpi["compact_elem1/greedy_tokens"])
-    first = jax.nn.log_softmax(pi05.text_logits(compact.params, two_cameras, cache_compact.last_hidden))
+    first = jax.nn.log_softmax(pi05.text_logits(compact.params, compact.config, cache_compact.last_hidden))
     np.testing.assert_allclose(first, text_openpi["compact_elem1/first_logprobs"], rtol=0, atol=ATOL_LOGPROBS)
 
 
@@ -127,7 +127,7 @@ def test_shared_prefill_feeds_actions_and_text(golden_params, tiny_config, golde
     actions, text = engine.act_and_speak(golden_obs, model_io["in/noise"], 10, STEPS)
     assert engine.stats.prefill_calls == 1
     expected = jax.jit(pi05.sample_actions, static_argnums=1)(
-        engine.params, tiny_config, golden_obs, model_io["in/noise"], 10
+        golden_params, tiny_config, golden_obs, model_io["in/noise"], 10
     )
     np.testing.assert_allclose(actions, expected, rtol=0, atol=1e-6)
     alone = engine.generate(engine.prefill(golden_obs), STEPS)

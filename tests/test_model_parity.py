@@ -34,22 +34,21 @@ def test_tiny_param_tree_matches_openpi(tiny_config):
 
 
 def test_runtime_layout_is_openpi_layout_per_layer_and_d_first(tiny_config):
-    """Random init in the engine's runtime layout holds exactly openpi's stacked init: layer i's tree is
-    the stacked tree at i, with the attention q/kv weights' D axis moved to the front."""
-    key = jax.random.key(3)
-    stacked = pi05.init_params(tiny_config, key)
-    runtime = pi05.init_params(tiny_config, key, stacked=False)
-    jax.tree.map(np.testing.assert_array_equal, pi05.runtime_layout(stacked), runtime)
-    openpi_attn = stacked["PaliGemma"]["llm"]["layers"]["attn"]
-    for i, layer in enumerate(runtime["PaliGemma"]["llm"]["layers"]):
-        attn = layer["attn"]
+    """The engine's runtime layout holds openpi's stacked tree: layer i's tree (`layers_i`) is the
+    stacked tree at i, with the attention q/kv weights' D axis moved to the front; and it is the tree the
+    unscanned module initializes."""
+    stacked = pi05.init_params(tiny_config, jax.random.key(3))
+    runtime = pi05.runtime_layout(stacked)
+    direct = pi05.param_shapes(tiny_config, stacked=False)
+    assert _leaves(runtime) == _leaves(direct)
+    layers = stacked["PaliGemma"]["llm"]["layers"]
+    for i in range(tiny_config.paligemma.depth):
+        layer = runtime["PaliGemma"]["llm"][f"layers_{i}"]
         for suffix in ("", "_1"):
-            q, kv = openpi_attn[f"q_einsum{suffix}"]["w"][i], openpi_attn[f"kv_einsum{suffix}"]["w"][i]
-            np.testing.assert_array_equal(attn[f"q_einsum{suffix}"]["w"], q.transpose(1, 0, 2))
-            np.testing.assert_array_equal(attn[f"kv_einsum{suffix}"]["w"], kv.transpose(2, 0, 1, 3))
-        np.testing.assert_array_equal(
-            layer["mlp"]["linear"], stacked["PaliGemma"]["llm"]["layers"]["mlp"]["linear"][i]
-        )
+            q, kv = layers["attn"][f"q_einsum{suffix}"]["w"][i], layers["attn"][f"kv_einsum{suffix}"]["w"][i]
+            np.testing.assert_array_equal(layer["attn"][f"q_einsum{suffix}"]["w"], q.transpose(1, 0, 2))
+            np.testing.assert_array_equal(layer["attn"][f"kv_einsum{suffix}"]["w"], kv.transpose(2, 0, 1, 3))
+        np.testing.assert_array_equal(layer["mlp"]["linear"], layers["mlp"]["linear"][i])
 
 
 def test_full_param_tree_matches_openpi_without_allocating():

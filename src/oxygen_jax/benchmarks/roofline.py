@@ -34,7 +34,8 @@ def _best_s(fn, reps: int = 7) -> float:
 
 def _backbone_mlps(engine: Engine) -> list[dict]:
     """Each backbone layer's MLP params (the engine holds its layers as per-layer trees)."""
-    return [layer["mlp"] for layer in engine.params["PaliGemma"]["llm"]["layers"]]
+    llm = engine.params["PaliGemma"]["llm"]
+    return [llm[f"layers_{i}"]["mlp"] for i in range(engine.config.paligemma.depth)]
 
 
 def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:

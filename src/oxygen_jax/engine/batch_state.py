@@ -165,12 +165,12 @@ def _decode_step(params: dict, config: pi05.Pi05Config, eos_id: int, state: Batc
     # The fed token's K/V go straight into the state buffers (column write_idx), then attention reads them.
     write_col = jnp.where(feed, state.write_idx, state.kv_valid.shape[1])  # out of range: not written
     kv_valid = state.kv_valid.at[rows, write_col].set(True, mode="drop")
-    hidden, caches = pi05.text_forward(
+    hidden, (k, v) = pi05.text_forward(
         params, config, token[:, None], state.next_pos[:, None], (state.k, state.v), kv_valid, write_col
     )
     return state.replace(
-        k=tuple(k for k, _ in caches),
-        v=tuple(v for _, v in caches),
+        k=tuple(k),
+        v=tuple(v),
         kv_valid=kv_valid,
         hidden=jnp.where(feed[:, None], hidden[:, 0], state.hidden),
         next_pos=state.next_pos + feed,

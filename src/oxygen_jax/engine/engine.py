@@ -32,9 +32,13 @@ class Engine:
         skip_masked_cameras: bool = True,
         kernel_policy: kernels.KernelPolicy | None = None,
     ):
-        """kernel_policy: how the large dots run (default: the one for this backend and its cores)."""
+        """kernel_policy: how the large dots run (default: the one for this backend and its cores).
+
+        The engine runs the layers one by one over per-layer params (`pi05.runtime_layout`): a layer
+        sliced out of openpi's stacked weights would be copied before every use.
+        """
         kernel_policy = kernel_policy or kernels.for_backend()
-        self.config = dataclasses.replace(config, kernels=kernel_policy)
+        self.config = dataclasses.replace(config, kernels=kernel_policy, scan_layers=False)
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
         self.params = jax.device_put(pi05.runtime_layout(pi05.cast_params(params, config.dtype)))

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from oxygen_jax.engine import batch_state
-from oxygen_jax.models import pi05
+from oxygen_jax.models import gemma, pi05
 
 
 def extend(
@@ -32,10 +32,10 @@ def extend(
     prefix = batch_state.select_rows(cache, rows)
     suffix_mask = suffix_mask.astype(bool)
     positions = prefix.length[:, None] + jnp.cumsum(suffix_mask, axis=1) - 1
-    hidden, new_kv = pi05.text_forward(params, config, suffix, positions, (prefix.k, prefix.v), prefix.mask)
+    hidden, (k, v) = pi05.text_forward(params, config, suffix, positions, (prefix.k, prefix.v), prefix.mask)
     last = jnp.take_along_axis(hidden, (suffix_mask.sum(axis=1) - 1)[:, None, None], axis=1)[:, 0]
-    k = jnp.stack([k for k, _ in new_kv]).astype(prefix.k.dtype)
-    v = jnp.stack([v for _, v in new_kv]).astype(prefix.v.dtype)
+    k = gemma.stack_layers(k).astype(prefix.k.dtype)
+    v = gemma.stack_layers(v).astype(prefix.v.dtype)
     return pi05.PrefixCache(
         k=jnp.concatenate([prefix.k, k], axis=2),
         v=jnp.concatenate([prefix.v, v], axis=2),

@@ -14,14 +14,16 @@ new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache,
 batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` without
 materializing that concatenation: one softmax over both logit blocks, then one value product per block.
 
-Layers run as a Python loop over per-layer param trees in the runtime layout (`runtime_layers`):
-- openpi stacks the layers ([depth, ...], as `nn.scan` creates them). Any use of a stacked layer inside
-  a loop copies its weights first (XLA slices before a dot), which doubles a decode step's memory
-  traffic; the runtime keeps one tree per layer.
-- openpi's q and kv weights ([N, D, H], [2, K, D, H]) put the contracted dim D between the output dims,
-  so XLA:CPU copies them transposed on every call. The runtime stores them D-first ([D, N, H],
-  [D, 2, K, H]), which makes each projection one plain matmul over the weight as stored.
-Checkpoints keep openpi's stacked layout; `runtime_layers` and `openpi_layers` convert between the two.
+`Transformer` owns the layer stack in one of two param layouts (its `scan` switch):
+- scan=True, openpi's layout: every layer weight stacked over depth (`layers/...` [depth, ...]) and the
+  stack run by `nn.scan`. Checkpoints and the param tree openpi writes use it.
+- scan=False, the engine's runtime layout: one tree per layer (`layers_0`, `layers_1`, ...) run as a
+  Python loop, with the attention q and kv weights stored D-first ([D, N, H], [D, 2, K, H] instead of
+  openpi's [N, D, H], [2, K, D, H]). A layer sliced out of a stacked weight inside a loop is copied
+  before the dot reads it, and with D between the output dims XLA:CPU copies the q/kv weights
+  transposed on every call; per layer and D-first, each projection is one matmul over the weight as
+  stored, which halves what a decode step moves.
+`runtime_layers` converts openpi's stacked layers to the runtime layout.
 """
 
 import dataclasses
@@ -193,6 +195,21 @@ def _moved_init(init_fn: nn.initializers.Initializer, openpi_shape: tuple[int, .
     return init
 
 
+class Einsum(nn.Module):
+    """A weight `w` of `shape` applied by one einsum, in the layout openpi stores it."""
+
+    shape: tuple[int, ...]
+    init_fn: nn.initializers.Initializer
+
+    @nn.compact
+    def __call__(self, eqn: str, x: jax.Array) -> jax.Array:
+        return jnp.einsum(eqn, x, self.param("w", self.init_fn, self.shape).astype(x.dtype))
+
+
+_Q_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
+_KV_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
+
+
 class Attention(nn.Module):
     """Joint MQA over all experts' tokens.
 
@@ -200,10 +217,35 @@ class Attention(nn.Module):
     new tokens' (k, v). With `write_idx` [B]: writes the new tokens into the cache at those columns
     first, attends the updated cache under mask [B, T, S_cache] and returns it. The write-then-read
     order lets XLA update a decode buffer in place; a read before the write would force a copy.
+    d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's.
     """
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
+    d_first: bool
+
+    def _qkv(self, x: jax.Array, c: GemmaConfig, expert: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [B, T, D] -> q [B, T, N, H], k and v [B, T, K, H]."""
+        q_name, kv_name = _name("q_einsum", expert), _name("kv_einsum", expert)
+        q_shape, kv_shape = (c.num_heads, c.width, c.head_dim), (2, c.num_kv_heads, c.width, c.head_dim)
+        if not self.d_first:
+            q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x)
+            k, v = Einsum(kv_shape, _KV_INIT, name=kv_name)("BTD,CKDH->CBTKH", x)
+            return q, k, v
+        q = Projection(
+            (c.width, c.num_heads, c.head_dim),
+            _moved_init(_Q_INIT, q_shape, axis=1),
+            self.kernels,
+            name=q_name,
+        )(x)
+        kv = Projection(
+            (c.width, 2, c.num_kv_heads, c.head_dim),
+            _moved_init(_KV_INIT, kv_shape, axis=2),
+            self.kernels,
+            name=kv_name,
+        )(x)
+        k, v = jnp.moveaxis(kv, 2, 0)
+        return q, k, v
 
     @nn.compact
     def __call__(self, xs, positions, mask, kv_cache, write_idx=None):
@@ -211,33 +253,11 @@ class Attention(nn.Module):
         dtype = next(x.dtype for x in xs if x is not None)
         qs, ks, vs = [], [], []
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
-            if x is None:
-                continue
-            # Runtime layout, D first (see the module docstring): both are plain matmuls.
-            q_proj = Projection(
-                (c.width, c.num_heads, c.head_dim),
-                _moved_init(
-                    nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,)),
-                    (c.num_heads, c.width, c.head_dim),
-                    axis=1,
-                ),
-                self.kernels,
-                name=_name("q_einsum", i),
-            )
-            kv_proj = Projection(
-                (c.width, 2, c.num_kv_heads, c.head_dim),
-                _moved_init(
-                    nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1)),
-                    (2, c.num_kv_heads, c.width, c.head_dim),
-                    axis=2,
-                ),
-                self.kernels,
-                name=_name("kv_einsum", i),
-            )
-            qs.append(q_proj(x))
-            k, v = jnp.moveaxis(kv_proj(x), 2, 0)
-            ks.append(k)
-            vs.append(v)
+            if x is not None:
+                q, k, v = self._qkv(x, c, i)
+                qs.append(q)
+                ks.append(k)
+                vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
 
         q = apply_rope(q, positions) * cfg.head_dim**-0.5
@@ -304,19 +324,20 @@ def _gated_residual(x, y, gate):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer shared by all experts."""
+    """Pre-norm transformer layer shared by all experts (d_first: see `Attention`)."""
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
+    d_first: bool
 
     @nn.compact
-    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx=None):
+    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx):
         normed, gates = [], []
         for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
             n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
-        attn_out, new_kv = Attention(self.configs, self.kernels, name="attn")(
+        attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, name="attn")(
             normed, positions, mask, kv_cache, write_idx
         )
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
@@ -344,20 +365,76 @@ class Embedder(nn.Module):
         self.table = self.param("input_embedding", nn.initializers.normal(), (self.vocab_size, self.width))
 
 
-class Gemma(nn.Module):
-    """The expert-0 embedder (tied with the language head) and every expert's final norm.
+def stack_layers(per_layer: jax.Array | Sequence[jax.Array]) -> jax.Array:
+    """[depth, ...] from a per-layer sequence of arrays (or an array already stacked)."""
+    return per_layer if isinstance(per_layer, jax.Array) else jnp.stack(per_layer)
 
-    The layer stack lives outside the module (`Block`, `run_layers`) so it can run per layer.
+
+class Transformer(nn.Module):
+    """The expert-0 embedder (tied with the language head), the layer stack and every expert's final norm.
+
+    scan: layers stacked over depth and run by `nn.scan` (openpi's param tree), else one param tree per
+    layer (`layers_i`, q/kv D-first) run as a Python loop; see the module docstring.
     """
 
     configs: tuple[GemmaConfig, ...]
     vocab_size: int
     dtype: str
     kernels: Kernels
+    scan: bool = True
 
     def setup(self):
         self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
+        depth = self.configs[0].depth
+        if self.scan:
+            self.layers = nn.scan(
+                Block,
+                variable_axes={"params": 0},
+                split_rngs={"params": True},
+                in_axes=(0, nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                length=depth,
+            )(self.configs, self.kernels, d_first=False)
+        else:
+            self.layers = [
+                Block(self.configs, self.kernels, d_first=True, name=f"layers_{i}") for i in range(depth)
+            ]
         self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
+
+    def __call__(
+        self,
+        embedded: Sequence[jax.Array | None],
+        positions: jax.Array,
+        mask: jax.Array,
+        adarms_cond: Sequence[jax.Array | None] | None = None,
+        kv_cache: tuple | None = None,
+        write_idx: jax.Array | None = None,
+    ) -> tuple[list[jax.Array | None], tuple]:
+        """Every expert's tokens through the stack and its final norm.
+
+        embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
+        kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
+        [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
+        Returns (final-normed outputs per expert, (k, v)): per layer the new tokens' [B, T, K, H], or
+        with write_idx the updated cache; a [depth, ...] array when scanned, else a per-layer tuple.
+        """
+        xs = [None if e is None else e.astype(self.dtype) for e in embedded]
+        if adarms_cond is None:
+            adarms_cond = [None] * len(self.configs)
+        if self.scan:
+            cache = None if kv_cache is None else tuple(stack_layers(c) for c in kv_cache)
+            xs, new_kv = self.layers(xs, cache, positions, mask, adarms_cond, write_idx)
+        else:
+            per_layer = []
+            for i, layer in enumerate(self.layers):
+                layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
+                xs, kv = layer(xs, layer_cache, positions, mask, adarms_cond, write_idx)
+                per_layer.append(kv)
+            new_kv = tuple(zip(*per_layer, strict=True))
+        normed = [
+            None if x is None else norm(x, cond)[0]
+            for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
+        ]
+        return normed, new_kv
 
     def embed(self, tokens: jax.Array) -> jax.Array:
         """Token ids [B, T] -> [B, T, D] scaled by sqrt(D) in the table dtype, then cast (as openpi)."""
@@ -367,14 +444,6 @@ class Gemma(nn.Module):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Tied language head: final-normed hidden [..., D] -> float32 logits [..., vocab]."""
         return self.kernels.tied_logits(hidden, self.embedder.table.astype(hidden.dtype))
-
-    def final_norm(
-        self, xs: Sequence[jax.Array | None], adarms_cond: Sequence[jax.Array | None]
-    ) -> list[jax.Array | None]:
-        return [
-            None if x is None else norm(x, cond)[0]
-            for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
-        ]
 
 
 # Runtime layout of the attention weights: which openpi axis (D) moves to the front.
@@ -387,8 +456,8 @@ def _d_axis(path) -> int | None:
     return _D_AXIS.get(re.sub(r"_\d+$", "", module)) if leaf == "w" else None
 
 
-def runtime_layers(layers: dict) -> tuple[dict, ...]:
-    """openpi's stacked layer params -> a tuple of per-layer trees in the runtime layout."""
+def runtime_layers(layers: dict) -> dict[str, dict]:
+    """openpi's stacked layer params (`layers`) -> per-layer trees `layers_i` in the runtime layout."""
 
     def layer(i):
         def convert(path, x):
@@ -397,50 +466,4 @@ def runtime_layers(layers: dict) -> tuple[dict, ...]:
 
         return jax.tree_util.tree_map_with_path(convert, layers)
 
-    return tuple(layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0]))
-
-
-def openpi_layers(layers: Sequence[dict]) -> dict:
-    """The inverse of `runtime_layers`: per-layer runtime trees -> openpi's stacked tree."""
-
-    def convert(path, *xs):
-        axis = _d_axis(path)
-        return jnp.stack(xs if axis is None else [jnp.moveaxis(x, 0, axis) for x in xs])
-
-    return jax.tree_util.tree_map_with_path(convert, *layers)
-
-
-def run_layers(
-    layers: dict | Sequence[dict],
-    configs: tuple[GemmaConfig, ...],
-    kernels: Kernels,
-    dtype: str,
-    embedded: Sequence[jax.Array | None],
-    positions: jax.Array,
-    mask: jax.Array,
-    adarms_cond: Sequence[jax.Array | None] | None = None,
-    kv_cache: tuple | None = None,
-    write_idx: jax.Array | None = None,
-) -> tuple[list[jax.Array | None], list[tuple[jax.Array, jax.Array]]]:
-    """Runs every expert's tokens through the stack (not final-normed).
-
-    layers: per-layer param trees in the runtime layout, or openpi's stacked tree (converted here, which
-    copies weights);
-    embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
-    kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
-    [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
-    Returns (outputs per expert, per layer (k, v): the new tokens' [B, T, K, H], or with write_idx the
-    updated cache).
-    """
-    if isinstance(layers, dict):
-        layers = runtime_layers(layers)
-    xs = [None if e is None else e.astype(dtype) for e in embedded]
-    if adarms_cond is None:
-        adarms_cond = [None] * len(configs)
-    block = Block(configs, kernels)
-    new_kv = []
-    for i, layer in enumerate(layers):
-        layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
-        xs, kv = block.apply({"params": layer}, xs, layer_cache, positions, mask, adarms_cond, write_idx)
-        new_kv.append(kv)
-    return xs, new_kv
+    return {f"layers_{i}": layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0])}

@@ -1,4 +1,5 @@
-"""pi0.5: SigLIP + two-expert Gemma with flow-matching actions, as pure functions over `params`.
+"""pi0.5: SigLIP + two-expert Gemma with flow-matching actions: one module (`Pi05`) and pure functions
+over `params` that apply it.
 
 The prefix (camera tokens + prompt tokens) runs once through the PaliGemma expert and leaves a
 `PrefixCache`; the action expert denoises against it without ever writing it, and language decoding
@@ -33,6 +34,9 @@ class Pi05Config:
     prefix_attention: str = "bidirectional"
     # How the large dots run; the engine sets the policy of its backend (engine/kernels.py).
     kernels: gemma.Kernels = gemma.PLAIN_KERNELS
+    # True: layers stacked over depth and scanned (openpi's param tree, as checkpoints store it); False:
+    # one param tree per layer run as a loop (`runtime_layout`, which the engine uses).
+    scan_layers: bool = True
 
     def __post_init__(self):
         if self.prefix_attention not in ("bidirectional", "causal_text"):
@@ -77,78 +81,143 @@ class PrefixCache:
     last_hidden: jax.Array
 
 
-def _llm(config: Pi05Config) -> gemma.Gemma:
-    return gemma.Gemma(
-        (config.paligemma, config.action_expert), config.vocab_size, config.dtype, config.kernels
+class _PaliGemma(nn.Module):
+    """openpi's `PaliGemma` holder: the two-expert language model and the image encoder."""
+
+    config: Pi05Config
+
+    def setup(self):
+        c = self.config
+        experts = (c.paligemma, c.action_expert)
+        self.llm = gemma.Transformer(experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers)
+        self.img = siglip.Siglip(c.vision, c.paligemma.width, c.dtype)
+
+
+class Pi05(nn.Module):
+    """pi0.5's modules, named as openpi names them: `init` gives openpi's param tree (in the layout of
+    `config.scan_layers`). The module-level functions below apply its methods to a params tree."""
+
+    config: Pi05Config
+
+    def setup(self):
+        width = self.config.action_expert.width
+        self.PaliGemma = _PaliGemma(self.config)
+        self.action_in_proj = nn.Dense(width)
+        self.action_out_proj = nn.Dense(self.config.action_dim)
+        self.time_mlp_in = nn.Dense(width)
+        self.time_mlp_out = nn.Dense(width)
+
+    def __call__(self, obs: Observation, x_t: jax.Array, time: jax.Array) -> jax.Array:
+        """Flow velocity at (x_t, time) for `obs`: the prefix pass, then the action expert against its
+        cache. It reaches every param, so `init` through it builds the whole tree."""
+        return self.predict_velocity(self.prefix_forward(obs)[0], x_t, time)
+
+    def embed_prefix(self, obs: Observation, skip_cameras: tuple[str, ...] = ()):
+        config = self.config
+        tokens, masks = [], []
+        cameras = [key for key in config.image_keys if key not in skip_cameras]
+        for key in cameras:
+            image_tokens = self.PaliGemma.img(obs.images[key])
+            tokens.append(image_tokens)
+            masks.append(jnp.broadcast_to(obs.image_masks[key][:, None], image_tokens.shape[:2]))
+        tokens.append(self.PaliGemma.llm.embed(obs.tokenized_prompt))
+        masks.append(obs.tokenized_prompt_mask)
+        n_image = len(cameras) * config.image_tokens
+        text_causal = config.prefix_attention == "causal_text"
+        ar_mask = jnp.array([False] * n_image + [text_causal] * obs.tokenized_prompt.shape[1])
+        return jnp.concatenate(tokens, axis=1), jnp.concatenate(masks, axis=1).astype(bool), ar_mask
+
+    def prefix_forward(self, obs: Observation, skip_cameras: tuple[str, ...] = ()):
+        tokens, mask, ar_mask = self.embed_prefix(obs, skip_cameras)
+        positions = jnp.cumsum(mask, axis=1) - 1
+        (hidden, _), (k, v) = self.PaliGemma.llm([tokens, None], positions, make_attn_mask(mask, ar_mask))
+        last = jnp.take_along_axis(hidden, last_valid_index(mask)[:, None, None], axis=1)[:, 0]
+        cache = PrefixCache(
+            k=gemma.stack_layers(k),
+            v=gemma.stack_layers(v),
+            mask=mask,
+            positions=positions,
+            length=mask.sum(axis=1),
+            last_hidden=last,
+        )
+        return cache, hidden
+
+    def embed_suffix(self, x_t: jax.Array, time: jax.Array):
+        cond = posemb_sincos(time, self.config.action_expert.width, min_period=4e-3, max_period=4.0)
+        cond = nn.swish(self.time_mlp_out(nn.swish(self.time_mlp_in(cond))))
+        return self.action_in_proj(x_t), cond
+
+    def predict_velocity(self, cache: PrefixCache, x_t: jax.Array, time: jax.Array) -> jax.Array:
+        tokens, cond = self.embed_suffix(x_t, time)
+        batch, horizon = x_t.shape[:2]
+        mask = jnp.concatenate(
+            [
+                jnp.broadcast_to(cache.mask[:, None, :], (batch, horizon, cache.mask.shape[1])),
+                jnp.ones((batch, horizon, horizon), bool),
+            ],
+            axis=-1,
+        )
+        positions = cache.length[:, None] + jnp.arange(horizon)[None, :]
+        (_, out), _ = self.PaliGemma.llm([None, tokens], positions, mask, [None, cond], (cache.k, cache.v))
+        return self.action_out_proj(out)
+
+    def text_forward(self, tokens, positions, kv_cache, kv_valid, write_idx=None):
+        length = tokens.shape[1]
+        if write_idx is None:
+            causal = jnp.tril(jnp.ones((length, length), bool))
+            mask = jnp.concatenate(
+                [
+                    jnp.broadcast_to(kv_valid[:, None, :], (tokens.shape[0], length, kv_valid.shape[1])),
+                    jnp.broadcast_to(causal, (tokens.shape[0], length, length)),
+                ],
+                axis=-1,
+            )
+        else:  # token t sees no column written for a later token
+            columns = jnp.arange(kv_valid.shape[1])
+            mask = kv_valid[:, None, :] & (
+                columns[None, None, :] <= write_idx[:, None, None] + jnp.arange(length)[:, None]
+            )
+        embedded = self.PaliGemma.llm.embed(tokens)
+        (hidden, _), new_kv = self.PaliGemma.llm([embedded, None], positions, mask, None, kv_cache, write_idx)
+        return hidden, new_kv
+
+    def text_logits(self, hidden: jax.Array) -> jax.Array:
+        return self.PaliGemma.llm.logits(hidden)
+
+
+def _apply(params: dict, config: Pi05Config, method, *args):
+    return Pi05(config).apply({"params": params}, *args, method=method)
+
+
+def _dummy_observation(config: Pi05Config) -> Observation:
+    image = jnp.zeros((1, config.image_size, config.image_size, 3))
+    return Observation(
+        images=dict.fromkeys(config.image_keys, image),
+        image_masks=dict.fromkeys(config.image_keys, jnp.ones(1, bool)),
+        tokenized_prompt=jnp.zeros((1, 1), jnp.int32),
+        tokenized_prompt_mask=jnp.ones((1, 1), bool),
     )
 
 
-def _vision(config: Pi05Config) -> siglip.Siglip:
-    return siglip.Siglip(config.vision, config.paligemma.width, config.dtype)
-
-
-def _dense(features: int) -> nn.Dense:
-    return nn.Dense(features)
-
-
-def _dummy_llm_inputs(config: Pi05Config):
-    pg, ae = config.paligemma, config.action_expert
-    embedded = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
-    return embedded, [None, jnp.zeros((1, ae.width))]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
-    embedded, cond = _dummy_llm_inputs(config)
-    block = gemma.Block(_llm(config).configs, config.kernels)
-    params = block.init(rng, embedded, None, jnp.zeros((1, 2), jnp.int32), jnp.ones((1, 2, 2), bool), cond)
-    return cast_params(params["params"], dtype)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 2))
-def _init_outside_layers(config: Pi05Config, keys: jax.Array, dtype: str) -> dict:
-    """Everything but the Gemma layers: embedder, final norms, SigLIP, action and time projections."""
-    llm, ae = _llm(config), config.action_expert
-    embedded, cond = _dummy_llm_inputs(config)
-    llm_params = {
-        **llm.init(keys[0], embedded, cond, method="final_norm")["params"],
-        **llm.init(keys[0], jnp.zeros((1, 1), jnp.int32), method="embed")["params"],
-    }
-    image = jnp.zeros((1, config.image_size, config.image_size, 3))
-    img_params = _vision(config).init(keys[1], image)["params"]
-
-    def dense(key, n_in, n_out):
-        return _dense(n_out).init(key, jnp.zeros((1, n_in)))["params"]
-
-    params = {
-        "PaliGemma": {"llm": llm_params, "img": img_params},
-        "action_in_proj": dense(keys[2], config.action_dim, ae.width),
-        "action_out_proj": dense(keys[3], ae.width, config.action_dim),
-        "time_mlp_in": dense(keys[4], ae.width, ae.width),
-        "time_mlp_out": dense(keys[5], ae.width, ae.width),
-    }
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def _init(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
+    x_t = jnp.zeros((1, config.action_horizon, config.action_dim))
+    params = Pi05(config).init(rng, _dummy_observation(config), x_t, jnp.ones(1))["params"]
     return cast_params(params, dtype)
 
 
 def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype: str = "float32") -> dict:
-    """Random params with openpi's initializers, created in `dtype`.
+    """Random params with openpi's initializers, from the module's init, cast to `dtype` in the same
+    compiled call (the forward pass init traces is dead code there and is not run).
 
-    stacked=True: openpi's tree; stacked=False: the engine's runtime layout (`runtime_layout`). Each
-    layer comes from its own call of one compiled init, so memory peaks at the params plus one layer's
-    temporaries: the full model never holds a float32 copy, nor its layers twice.
+    stacked=True: openpi's tree; stacked=False: the engine's runtime layout (`runtime_layout`).
     """
-    keys = jax.random.split(rng, 6)
-    layers = tuple(
-        _init_layer(config, key, dtype) for key in jax.random.split(keys[0], config.paligemma.depth)
-    )
-    params = _init_outside_layers(config, keys, dtype)
-    params["PaliGemma"]["llm"]["layers"] = gemma.openpi_layers(layers) if stacked else layers
-    return params
+    return _init(dataclasses.replace(config, scan_layers=stacked), rng, dtype)
 
 
-def param_shapes(config: Pi05Config) -> dict:
-    """The param tree as ShapeDtypeStructs, without allocating it."""
-    return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+def param_shapes(config: Pi05Config, stacked: bool = True) -> dict:
+    """The param tree (stacked: openpi's, else the runtime layout) as ShapeDtypeStructs, unallocated."""
+    return jax.eval_shape(lambda: init_params(config, jax.random.key(0), stacked))
 
 
 def cast_params(params: dict, dtype) -> dict:
@@ -156,47 +225,13 @@ def cast_params(params: dict, dtype) -> dict:
 
 
 def runtime_layout(params: dict) -> dict:
-    """The Gemma layers as a tuple of per-layer trees, attention weights D-first (see
-    `gemma.runtime_layers`). Every function here takes either layout; the engine keeps this one."""
+    """openpi's tree -> the engine's runtime layout (per-layer trees, attention q/kv D-first: see
+    `models/gemma.py`), which `scan_layers=False` runs. A tree already in that layout passes through."""
     llm = params["PaliGemma"]["llm"]
-    if not isinstance(llm["layers"], dict):
+    if "layers" not in llm:
         return params
-    llm = {**llm, "layers": gemma.runtime_layers(llm["layers"])}
+    llm = {k: v for k, v in llm.items() if k != "layers"} | gemma.runtime_layers(llm["layers"])
     return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
-
-
-def _run_llm(
-    params: dict,
-    config: Pi05Config,
-    embedded,
-    positions,
-    mask,
-    adarms_cond=None,
-    kv_cache=None,
-    write_idx=None,
-):
-    """The Gemma stack plus final norms. Returns (normed outputs per expert, per-layer (k, v)); see
-    `gemma.run_layers`."""
-    llm, llm_params = _llm(config), params["PaliGemma"]["llm"]
-    out, new_kv = gemma.run_layers(
-        llm_params["layers"],
-        llm.configs,
-        config.kernels,
-        config.dtype,
-        embedded,
-        positions,
-        mask,
-        adarms_cond,
-        kv_cache,
-        write_idx,
-    )
-    if adarms_cond is None:
-        adarms_cond = [None] * len(out)
-    return llm.apply({"params": llm_params}, out, adarms_cond, method="final_norm"), new_kv
-
-
-def _stack_kv(new_kv: list[tuple[jax.Array, jax.Array]]) -> tuple[jax.Array, jax.Array]:
-    return jnp.stack([k for k, _ in new_kv]), jnp.stack([v for _, v in new_kv])
 
 
 def make_attn_mask(input_mask: jax.Array, ar_mask: jax.Array) -> jax.Array:
@@ -214,19 +249,7 @@ def embed_prefix(params: dict, config: Pi05Config, obs: Observation, skip_camera
     Cameras in `skip_cameras` (masked for every row) are left out entirely: their tokens would be
     invisible anyway, and positions only count valid tokens, so the results are the same.
     """
-    tokens, masks = [], []
-    cameras = [key for key in config.image_keys if key not in skip_cameras]
-    for key in cameras:
-        image_tokens = _vision(config).apply({"params": params["PaliGemma"]["img"]}, obs.images[key])
-        tokens.append(image_tokens)
-        masks.append(jnp.broadcast_to(obs.image_masks[key][:, None], image_tokens.shape[:2]))
-    llm_params = {"params": params["PaliGemma"]["llm"]}
-    tokens.append(_llm(config).apply(llm_params, obs.tokenized_prompt, method="embed"))
-    masks.append(obs.tokenized_prompt_mask)
-    n_image = len(cameras) * config.image_tokens
-    text_causal = config.prefix_attention == "causal_text"
-    ar_mask = jnp.array([False] * n_image + [text_causal] * obs.tokenized_prompt.shape[1])
-    return jnp.concatenate(tokens, axis=1), jnp.concatenate(masks, axis=1).astype(bool), ar_mask
+    return _apply(params, config, Pi05.embed_prefix, obs, skip_cameras)
 
 
 def last_valid_index(mask: jax.Array) -> jax.Array:
@@ -238,13 +261,7 @@ def prefix_forward(
     params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()
 ) -> tuple[PrefixCache, jax.Array]:
     """The prefix pass. Returns (cache, final-normed prefix hidden states [B, P, D])."""
-    tokens, mask, ar_mask = embed_prefix(params, config, obs, skip_cameras)
-    positions = jnp.cumsum(mask, axis=1) - 1
-    (hidden, _), new_kv = _run_llm(params, config, [tokens, None], positions, make_attn_mask(mask, ar_mask))
-    k, v = _stack_kv(new_kv)
-    last = jnp.take_along_axis(hidden, last_valid_index(mask)[:, None, None], axis=1)[:, 0]
-    cache = PrefixCache(k=k, v=v, mask=mask, positions=positions, length=mask.sum(axis=1), last_hidden=last)
-    return cache, hidden
+    return _apply(params, config, Pi05.prefix_forward, obs, skip_cameras)
 
 
 def prefill(
@@ -263,30 +280,14 @@ def posemb_sincos(t: jax.Array, width: int, min_period: float, max_period: float
 
 def embed_suffix(params: dict, config: Pi05Config, x_t: jax.Array, time: jax.Array):
     """Noisy actions [B, H, A] and time [B] -> (action tokens [B, H, D], adaRMS condition [B, D])."""
-    width = config.action_expert.width
-    tokens = _dense(width).apply({"params": params["action_in_proj"]}, x_t)
-    cond = posemb_sincos(time, width, min_period=4e-3, max_period=4.0)
-    cond = nn.swish(_dense(width).apply({"params": params["time_mlp_in"]}, cond))
-    cond = nn.swish(_dense(width).apply({"params": params["time_mlp_out"]}, cond))
-    return tokens, cond
+    return _apply(params, config, Pi05.embed_suffix, x_t, time)
 
 
 def predict_velocity(
     params: dict, config: Pi05Config, cache: PrefixCache, x_t: jax.Array, time: jax.Array
 ) -> jax.Array:
     """Flow velocity v_t [B, H, A]: action tokens see every valid prefix column and each other."""
-    tokens, cond = embed_suffix(params, config, x_t, time)
-    batch, horizon = x_t.shape[:2]
-    mask = jnp.concatenate(
-        [
-            jnp.broadcast_to(cache.mask[:, None, :], (batch, horizon, cache.mask.shape[1])),
-            jnp.ones((batch, horizon, horizon), bool),
-        ],
-        axis=-1,
-    )
-    positions = cache.length[:, None] + jnp.arange(horizon)[None, :]
-    (_, out), _ = _run_llm(params, config, [None, tokens], positions, mask, [None, cond], (cache.k, cache.v))
-    return _dense(config.action_dim).apply({"params": params["action_out_proj"]}, out)
+    return _apply(params, config, Pi05.predict_velocity, cache, x_t, time)
 
 
 def denoise(
@@ -323,34 +324,16 @@ def text_forward(
 
     kv_cache: (k, v), each indexable by layer to [B, S, K, H]. Each token sees the valid cached columns
     (kv_valid [B, S]) and the tokens before it (causal).
-    Returns (final-normed hidden [B, T, D], per layer (k, v) [B, T, K, H] of these tokens).
+    Returns (final-normed hidden [B, T, D], (k, v) of these tokens, each indexable by layer to
+    [B, T, K, H]: see `gemma.Transformer`).
 
     With write_idx [B] (decoding into a batch state): the tokens' K/V go into the cache at columns
     write_idx[b] + t (out of range: not written) before attention, kv_valid must already mark them, and
-    the per-layer (k, v) returned are the updated caches.
+    the (k, v) returned are the updated caches.
     """
-    length = tokens.shape[1]
-    if write_idx is None:
-        causal = jnp.tril(jnp.ones((length, length), bool))
-        mask = jnp.concatenate(
-            [
-                jnp.broadcast_to(kv_valid[:, None, :], (tokens.shape[0], length, kv_valid.shape[1])),
-                jnp.broadcast_to(causal, (tokens.shape[0], length, length)),
-            ],
-            axis=-1,
-        )
-    else:  # token t sees no column written for a later token
-        columns = jnp.arange(kv_valid.shape[1])
-        mask = kv_valid[:, None, :] & (
-            columns[None, None, :] <= write_idx[:, None, None] + jnp.arange(length)[:, None]
-        )
-    embedded = _llm(config).apply({"params": params["PaliGemma"]["llm"]}, tokens, method="embed")
-    (hidden, _), new_kv = _run_llm(
-        params, config, [embedded, None], positions, mask, None, kv_cache, write_idx
-    )
-    return hidden, new_kv
+    return _apply(params, config, Pi05.text_forward, tokens, positions, kv_cache, kv_valid, write_idx)
 
 
 def text_logits(params: dict, config: Pi05Config, hidden: jax.Array) -> jax.Array:
     """Tied-embedding language head: hidden [..., D] -> float32 logits [..., vocab]."""
-    return _llm(config).apply({"params": params["PaliGemma"]["llm"]}, hidden, method="logits")
+    return _apply(params, config, Pi05.text_logits, hidden)
