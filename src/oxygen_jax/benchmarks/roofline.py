@@ -35,7 +35,7 @@ def _best_s(fn, reps: int = 7) -> float:
 def _backbone_mlps(engine: Engine) -> list[dict]:
     """Each backbone layer's MLP params (the engine holds its layers as per-layer trees)."""
     llm = engine.params["PaliGemma"]["llm"]
-    return [llm[f"layers_{i}"]["mlp"] for i in range(engine.config.paligemma.depth)]
+    return [llm[gemma.layer_name(i)]["mlp"] for i in range(engine.config.paligemma.depth)]
 
 
 def mlp_stream(engine: Engine, batches: tuple[int, ...]) -> dict[str, float]:

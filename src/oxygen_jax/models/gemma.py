@@ -365,6 +365,11 @@ class Embedder(nn.Module):
         self.table = self.param("input_embedding", nn.initializers.normal(), (self.vocab_size, self.width))
 
 
+def layer_name(i: int) -> str:
+    """Layer i's param tree in the runtime layout (the unscanned `Transformer`)."""
+    return f"layers_{i}"
+
+
 def stack_layers(per_layer: jax.Array | Sequence[jax.Array]) -> jax.Array:
     """[depth, ...] from a per-layer sequence of arrays (or an array already stacked)."""
     return per_layer if isinstance(per_layer, jax.Array) else jnp.stack(per_layer)
@@ -396,7 +401,7 @@ class Transformer(nn.Module):
             )(self.configs, self.kernels, d_first=False)
         else:
             self.layers = [
-                Block(self.configs, self.kernels, d_first=True, name=f"layers_{i}") for i in range(depth)
+                Block(self.configs, self.kernels, d_first=True, name=layer_name(i)) for i in range(depth)
             ]
         self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
 
@@ -466,4 +471,4 @@ def runtime_layers(layers: dict) -> dict[str, dict]:
 
         return jax.tree_util.tree_map_with_path(convert, layers)
 
-    return {f"layers_{i}": layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0])}
+    return {layer_name(i): layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0])}

@@ -206,13 +206,43 @@ def _init(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
     return cast_params(params, dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
+    """One layer as the unscanned `gemma.Transformer` holds it."""
+    pg, ae = config.paligemma, config.action_expert
+    block = gemma.Block((pg, ae), config.kernels, d_first=True)
+    xs = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
+    positions, mask, cond = (
+        jnp.zeros((1, 2), jnp.int32),
+        jnp.ones((1, 2, 2), bool),
+        [None, jnp.zeros((1, ae.width))],
+    )
+    return cast_params(block.init(rng, xs, None, positions, mask, cond, None)["params"], dtype)
+
+
 def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype: str = "float32") -> dict:
-    """Random params with openpi's initializers, from the module's init, cast to `dtype` in the same
+    """Random params with openpi's initializers, from the modules' init, cast to `dtype` in the same
     compiled call (the forward pass init traces is dead code there and is not run).
 
-    stacked=True: openpi's tree; stacked=False: the engine's runtime layout (`runtime_layout`).
+    stacked=True: openpi's tree, `Pi05`'s init. stacked=False: the engine's runtime layout
+    (`runtime_layout`), made one layer at a time, so a full model's layers never wait in float32
+    together nor compile as one program: `Pi05` with a one-layer stack, then one compiled
+    `gemma.Block` init for each further layer.
     """
-    return _init(dataclasses.replace(config, scan_layers=stacked), rng, dtype)
+    if stacked:
+        return _init(dataclasses.replace(config, scan_layers=True), rng, dtype)
+    first_key, *layer_keys = jax.random.split(rng, config.paligemma.depth)
+    one_layer = dataclasses.replace(
+        config,
+        scan_layers=False,
+        paligemma=dataclasses.replace(config.paligemma, depth=1),
+        action_expert=dataclasses.replace(config.action_expert, depth=1),
+    )
+    params = _init(one_layer, first_key, dtype)
+    params["PaliGemma"]["llm"].update(
+        {gemma.layer_name(i): _init_layer(config, key, dtype) for i, key in enumerate(layer_keys, 1)}
+    )
+    return params
 
 
 def param_shapes(config: Pi05Config, stacked: bool = True) -> dict:
