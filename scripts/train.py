@@ -19,7 +19,7 @@ import functools
 import jax
 import numpy as np
 import optax
-from absl import app, flags
+from absl import app, flags, logging
 
 from oxygen_jax import checkpoints, cli
 from oxygen_jax import config as config_lib
@@ -136,6 +136,7 @@ def _train(cfg) -> None:
 
 
 def main(_):
+    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint operation at INFO
     cfg = _CONFIG.value
     if _LOSS_ON.value:
         _loss_on(cfg)

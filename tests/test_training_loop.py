@@ -15,6 +15,7 @@ from conftest import GOLDEN
 from flax import traverse_util
 
 from oxygen_jax import checkpoints, config
+from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.models import pi05
 from oxygen_jax.policies.normalization import load_norm_stats
 from oxygen_jax.policies.policy import create_policy
@@ -120,9 +121,11 @@ def test_resume_continues_the_run_exactly(full_run, cfg, dataset, norm_stats, tm
         num_steps=STEPS // 2,
     )
     assert checkpointing.latest_step(tmp_path) == STEPS // 2
-    resumed = loop.train(
-        cfg, itertools.repeat(dataset), run_dir=tmp_path, init_params=_fail_if_called, num_steps=STEPS
-    )
+    with CompileCounter() as counter:  # the step compiled for the first run serves the resumed one
+        resumed = loop.train(
+            cfg, itertools.repeat(dataset), run_dir=tmp_path, init_params=_fail_if_called, num_steps=STEPS
+        )
+    assert counter.count == 0
     assert int(resumed.step) == STEPS
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed), jax.device_get(uninterrupted))
     steps = [json.loads(line)["step"] for line in (tmp_path / loop.METRICS_FILE).read_text().splitlines()]
@@ -151,7 +154,9 @@ for devices in (jax.devices()[:1], jax.devices()):
 (m1, p1), (m2, p2) = results
 for k in m1:
     np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, err_msg=k)
-jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-5), p1, p2)
+# AdamW divides each gradient element by its own magnitude, so an element whose gradient is ~0 moves
+# by a share of lr (1.5e-3 here) that depends on the all-reduce order: params agree to 1e-4.
+jax.tree.map(lambda a, b: np.testing.assert_allclose(b, a, rtol=0, atol=1e-4), p1, p2)
 print("data parallel ok", {{k: float(v) for k, v in m2.items()}})
 """
 

@@ -4,6 +4,11 @@ Tolerances are train_io.json's recommended ones: loss terms rtol/atol 1e-5, toke
 at valid query positions, gradients atol 1e-4 * max|grad| per leaf, grad norm rtol 1e-4.
 """
 
+import os
+import pathlib
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import optax
@@ -128,3 +133,27 @@ def test_batch_errors_name_the_key(causal_config, arrays):
     no_time = {k: v for k, v in arrays.items() if k != "time"}
     with pytest.raises(inputs.InputError, match="'noise' and 'time'"):
         train_batch.batch_from_arrays(no_time, causal_config)
+
+
+@pytest.mark.slow
+def test_train_cli_loss_on_writes_the_golden_terms(tmp_path, train_io):
+    """scripts/train.py --loss_on on train_io.npz itself (its `in/...` keys, noise and time included)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "loss.npz"
+    command = [
+        sys.executable,
+        str(root / "scripts" / "train.py"),
+        "--config=pi05_tiny",
+        "--config.model.prefix_attention=causal_text",
+        "--config.training.text_loss_weight=1",
+        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
+        f"--loss_on={GOLDEN / 'train_io.npz'}",
+        f"--out={out}",
+    ]
+    env = {**os.environ, "PYTHONPATH": str(root / "src")}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    got = np.load(out)
+    for name in ("loss", "loss_flow", "loss_ce", "loss_mean"):
+        np.testing.assert_allclose(got[name], train_io[f"out/{name}"], rtol=1e-5, atol=1e-5, err_msg=name)
+    np.testing.assert_allclose(got["grad_norm"], train_io["out/grad_norm"], rtol=1e-4)

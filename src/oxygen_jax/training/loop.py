@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import tqdm
@@ -93,10 +92,8 @@ def train(
         logged.append(step_metrics)
         done = step + 1
         if done % t.log_interval == 0 or done == num_steps:
-            means = {
-                k: float(v)
-                for k, v in jax.device_get(jax.tree.map(lambda *x: jnp.mean(jnp.stack(x)), *logged)).items()
-            }
+            host = jax.device_get(logged)
+            means = {k: float(np.mean([m[k] for m in host])) for k in host[0]}
             now = time.perf_counter()
             means["step_s"] = (now - last_log) / len(logged)
             logged, last_log = [], now
