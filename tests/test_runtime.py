@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, golden_inputs
 
+from oxygen_jax.engine import api
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
@@ -192,6 +193,10 @@ def test_invalid_request_is_refused(engine, variants):
     cache = engine.prefill(inputs.observation_from_arrays(variants[0], engine.config))
     with pytest.raises(ValueError, match="max_new_tokens"):
         manager.submit(TextRequest(0, MAX_NEW + 1), cache, 0, 0)
+
+
+def test_engine_implements_the_engine_contract(engine):
+    assert isinstance(engine, api.EngineAPI)
 
 
 def test_deadline_k_fills_the_frame_budget():

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from oxygen_jax.benchmarks.spec import RunSpec, observation
+from oxygen_jax.engine.api import SamplingParams, SlotInsert
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import gemma, inputs, siglip
 from oxygen_jax.models.pi05 import Pi05Config
@@ -176,10 +177,8 @@ def _decode_step_s(engine: Engine, cache, batch: int, max_new: int, steps: int =
     cache's prefix as the scheduler sizes it."""
     state = engine.init_state(batch, max_new, cache.mask.shape[1])
     rows = engine.select_rows(cache, np.zeros(batch, np.int32))
-    zeros, ones = np.zeros(batch, np.float32), np.ones(batch, np.float32)
-    holder = [
-        engine.insert(state, rows, np.arange(batch), np.full(batch, max_new), zeros, ones, np.arange(batch))
-    ]
+    inserts = [SlotInsert(slot, max_new, SamplingParams(seed=slot)) for slot in range(batch)]
+    holder = [engine.insert(state, rows, inserts)]
 
     def call():
         holder[0] = engine.decode(holder[0], steps)

@@ -1,4 +1,5 @@
-"""The engine contract: jitted pure functions over (params, pytrees), compiled once per shape.
+"""The engine: the contract of `engine/api.py` as jitted pure functions over (params, pytrees), compiled
+once per shape.
 
 prefill -> PrefixCache; denoise(cache) -> actions; generate/score(cache) -> text; and the batch state
 entry points init_state / insert / decode(k) / evict for continuous batching. Python objects never
@@ -6,12 +7,13 @@ cross into jitted code; the batch state buffers are donated so updates happen in
 """
 
 import dataclasses
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from oxygen_jax.engine import batch_state, extension, kernels, language
+from oxygen_jax.engine import api, batch_state, extension, kernels, language
 from oxygen_jax.models import pi05
 
 
@@ -164,27 +166,12 @@ class Engine:
         return self.config.prefix_len - self.config.image_tokens * len(self.masked_cameras(obs))
 
     def insert(
-        self,
-        state: batch_state.BatchState,
-        cache: pi05.PrefixCache,
-        slots: np.ndarray,
-        max_new: np.ndarray,
-        temperature: np.ndarray,
-        top_p: np.ndarray,
-        seeds: np.ndarray,
+        self, state: batch_state.BatchState, cache: pi05.PrefixCache, inserts: Sequence[api.SlotInsert]
     ) -> batch_state.BatchState:
-        rows = self._per_row(len(slots), max_new, temperature, top_p)
-        seeds = jnp.asarray(seeds, jnp.uint32)
-        max_new, temperature, top_p = rows
-        return self._insert(
-            state=state,
-            cache=cache,
-            slots=jnp.asarray(slots, jnp.int32),
-            max_new=max_new,
-            temperature=temperature,
-            top_p=top_p,
-            seeds=seeds,
-        )
+        """Row i of `cache` into the slot inserts[i] names; rows beyond the inserts are padding (a
+        bucketed batch), dropped."""
+        columns = api.insert_columns(inserts, cache.mask.shape[0], state.max_slots)
+        return self._insert(state=state, cache=cache, **{k: jnp.asarray(v) for k, v in columns.items()})
 
     def select_rows(self, cache: pi05.PrefixCache, rows: np.ndarray) -> pi05.PrefixCache:
         return self._select_rows(cache, jnp.asarray(rows, jnp.int32))

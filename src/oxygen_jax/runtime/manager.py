@@ -11,8 +11,8 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from oxygen_jax.engine.api import RuntimeEngine, SlotInsert
 from oxygen_jax.engine.batch_state import BatchState, state_bytes
-from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models.pi05 import PrefixCache
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult
 
@@ -37,7 +37,7 @@ class KVCacheManager:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: RuntimeEngine,
         max_slots: int,
         max_new_tokens: int,
         detokenize: Callable[[np.ndarray], str] | None = None,
@@ -123,23 +123,14 @@ class KVCacheManager:
                 pending.row = 0
 
     def _insert(self, entries: list[tuple[_Pending, int]], frame: int) -> None:
-        size = bucket(len(entries), self.max_slots)
-        pad = size - len(entries)
+        """One insert of a bucketed batch: the padding rows repeat row 0 and go into no slot."""
+        pad = bucket(len(entries), self.max_slots) - len(entries)
         rows = np.array([p.row for p, _ in entries] + [0] * pad)
-        slots = np.array([s for _, s in entries] + [self.max_slots] * pad)  # out of range: dropped
-        reqs = [p.request for p, _ in entries]
-        fill = [0] * pad
         cache = self.engine.select_rows(entries[0][0].cache, rows)
-        self.state = self.engine.insert(
-            self.state,
-            cache,
-            slots,
-            max_new=np.array([r.max_new_tokens for r in reqs] + [1] * pad),
-            temperature=np.array([r.temperature for r in reqs] + fill, np.float32),
-            top_p=np.array([r.top_p for r in reqs] + [1.0] * pad, np.float32),
-            seeds=np.array([r.seed for r in reqs] + fill, np.uint32),
-        )
-        for request, slot in zip(reqs, slots, strict=False):
+        inserts = [SlotInsert(slot, p.request.max_new_tokens, p.request.sampling) for p, slot in entries]
+        self.state = self.engine.insert(self.state, cache, inserts)
+        for pending, slot in entries:
+            request = pending.request
             request.admitted_frame = frame
             self._slot_request[slot] = request
             self._streamed[slot] = 0

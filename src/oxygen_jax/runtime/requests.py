@@ -6,6 +6,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from oxygen_jax.engine.api import SamplingParams
+
 
 class RequestStatus(enum.Enum):
     QUEUED = "queued"  # waiting for a free slot (its prefix cache row is kept, never re-prefilled)
@@ -49,3 +51,7 @@ class TextRequest:
     on_done: Callable[[TextResult], None] | None = None
     arrival_frame: int = -1
     admitted_frame: int | None = None
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from oxygen_jax.engine.engine import Engine
+from oxygen_jax.engine.api import RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager, bucket
@@ -64,7 +64,7 @@ class FrameResult:
 class FrameScheduler:
     def __init__(
         self,
-        engine: Engine,
+        engine: RuntimeEngine,
         manager: KVCacheManager,
         k_policy: KPolicy,
         *,

@@ -1,0 +1,121 @@
+"""The engine contract: what the runtime and the policies may ask of an engine.
+
+`engine.Engine` implements it over the pi0.5 model; `tests/fake_engine.py` implements the runtime's
+part with outputs computable by hand, so the KV cache manager and the schedulers are tested without a
+model. Device-side values are pytrees of fixed shape (`PrefixCache`, `BatchState`); what a request asks
+for arrives as small host-side structs (`SlotInsert`, `SamplingParams`), turned into per-row arrays in
+one place (`insert_columns`).
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import jax
+import numpy as np
+
+from oxygen_jax.engine.batch_state import BatchState
+from oxygen_jax.engine.language import TextOutput
+from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How one request picks its tokens: greedy at temperature 0, else temperature + nucleus (top_p)
+    sampling from its own stream `seed`."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotInsert:
+    """One prefix row going into one slot of the batch state, with its request's limits."""
+
+    slot: int
+    max_new_tokens: int
+    sampling: SamplingParams = SamplingParams()
+
+
+def insert_columns(inserts: Sequence[SlotInsert], rows: int, max_slots: int) -> dict[str, np.ndarray]:
+    """The per-row arrays `batch_state.insert` takes, for a cache of `rows` rows: row i goes where
+    inserts[i] says; rows beyond the inserts are padding, sent to slot `max_slots` (out of range: dropped).
+    """
+    if len(inserts) > rows:
+        raise ValueError(f"{len(inserts)} inserts for a prefix cache of {rows} rows")
+    pad = rows - len(inserts)
+    return {
+        "slots": np.array([i.slot for i in inserts] + [max_slots] * pad, np.int32),
+        "max_new": np.array([i.max_new_tokens for i in inserts] + [1] * pad, np.int32),
+        "temperature": np.array([i.sampling.temperature for i in inserts] + [0.0] * pad, np.float32),
+        "top_p": np.array([i.sampling.top_p for i in inserts] + [1.0] * pad, np.float32),
+        "seeds": np.array([i.sampling.seed for i in inserts] + [0] * pad, np.uint32),
+    }
+
+
+@runtime_checkable
+class RuntimeEngine(Protocol):
+    """What the runtime (KV cache manager, frame scheduler, device loop) calls: actions for a batch of
+    observations, and the batch state that decodes language requests from many frames together."""
+
+    config: Pi05Config
+    eos_id: int
+
+    def prefill(self, obs: Observation) -> PrefixCache:
+        """One prefix pass over images and prompt."""
+
+    def prefix_len(self, obs: Observation) -> int:
+        """Columns `prefill(obs)` produces."""
+
+    def denoise(self, cache: PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
+        """Actions [B, H, A] from noise [B, H, A]; reads the cache, never writes it."""
+
+    def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
+        """An empty batch state: `max_slots` slots of up to `max_new_tokens` tokens on prefixes of up to
+        `prefix_len` columns."""
+
+    def select_rows(self, cache: PrefixCache, rows: np.ndarray) -> PrefixCache:
+        """Rows of a prefix cache, in the order given."""
+
+    def insert(self, state: BatchState, cache: PrefixCache, inserts: Sequence[SlotInsert]) -> BatchState:
+        """Row i of `cache` into the slot inserts[i] names; rows beyond the inserts are padding."""
+
+    def decode(self, state: BatchState, num_steps: int) -> BatchState:
+        """Up to `num_steps` tokens for every active, unfinished slot."""
+
+    def evict(self, state: BatchState, slots: np.ndarray) -> BatchState:
+        """Frees slots (indices outside [0, max_slots) are ignored)."""
+
+
+@runtime_checkable
+class EngineAPI(RuntimeEngine, Protocol):
+    """The whole contract: the runtime's part plus what a single policy calls directly."""
+
+    def noise(self, rng: jax.Array, batch: int) -> jax.Array:
+        """Standard normal noise [batch, H, A]."""
+
+    def generate(
+        self,
+        cache: PrefixCache,
+        max_new_tokens: int,
+        *,
+        temperature: float | np.ndarray = 0.0,
+        top_p: float | np.ndarray = 1.0,
+        max_new: int | np.ndarray | None = None,
+        seed: int = 0,
+    ) -> TextOutput:
+        """Decodes every row of the cache to completion."""
+
+    def score(self, cache: PrefixCache, tokens: np.ndarray) -> jax.Array:
+        """Teacher-forced log-probabilities of tokens [B, N]."""
+
+    def extend(
+        self, cache: PrefixCache, rows: np.ndarray, suffixes: list, suffix_len: int | None = None
+    ) -> PrefixCache:
+        """One token suffix per task appended to the prefix rows `rows`."""
+
+    def act_and_speak(
+        self, obs: Observation, noise: jax.Array, num_steps: int, max_new_tokens: int, **text_kwargs
+    ) -> tuple[jax.Array, TextOutput]:
+        """One prefill feeding both the action expert and the language decoder."""
