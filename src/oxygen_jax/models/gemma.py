@@ -272,8 +272,8 @@ class Attention(nn.Module):
             )
             blocks = [(k_new.astype(dtype), v_new.astype(dtype))]
 
-        # Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): XLA:CPU runs these dots
-        # an order of magnitude faster than the [B, T, K, G, H] layout, and with K == 1 the key/value
+        # Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): each dot is one matmul
+        # batched over (B, K) with every query row of a kv head together; with K == 1 the key/value
         # transposes are free.
         batch, length = q.shape[:2]
         groups = cfg.num_heads // cfg.num_kv_heads
