@@ -1,12 +1,15 @@
 """The KV cache manager and the frame scheduler over the fake engine: admission, queueing, streaming,
 cancellation and the frame loop, with outputs computed by hand (tests/fake_engine.py says how)."""
 
+import threading
+
 import numpy as np
 import pytest
 from fake_engine import FakeEngine
 
 from oxygen_jax.engine import api
 from oxygen_jax.models import inputs
+from oxygen_jax.runtime.device_loop import DeviceLoop, ObservationWork
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest
@@ -214,3 +217,20 @@ def test_warmup_fits_the_state_to_the_robots_prefix_and_leaves_everything_empty(
     assert scheduler.k_policy is k_policy
     inserts = sorted({n for name, n in engine.calls if name == "insert"})
     assert inserts == [1, 2] and ("prefill", 2) in engine.calls  # every insert and prefill bucket
+
+
+def test_device_loop_replies_before_any_decode_then_finishes_the_text_while_idle(engine):
+    scheduler = FrameScheduler(engine, KVCacheManager(engine, 2, MAX_NEW), FixedK(2), max_prefill_batch=1)
+    loop = DeviceLoop(scheduler).start()
+    replies, results, done = [], [], threading.Event()
+    request = TextRequest(0, 5, on_done=lambda result: (results.append(result), done.set()))
+    shape = (1, engine.config.action_horizon, engine.config.action_dim)
+    work = FrameInput(_arrays(engine.config, 7), noise=np.zeros(shape), requests=[request])
+    loop.submit(ObservationWork(work, lambda reply: replies.append((reply, list(engine.calls)))))
+    assert done.wait(10), "the text never finished although the device was idle"
+    loop.stop()
+    ((reply, calls_at_reply),) = replies
+    np.testing.assert_array_equal(reply.actions, np.full(shape[1:], 10.0))  # noise 0 + 10 steps
+    assert calls_at_reply == [("prefill", 1), ("denoise", 1)]  # the actions left before any language
+    assert results[0].tokens.tolist() == [7, 8, 9, 10, 11]
+    assert [call for call in engine.calls if call[0] == "decode"] == [("decode", 2)] * 3
