@@ -18,7 +18,7 @@ import pathlib
 
 import jax
 import tqdm
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli, config
 from oxygen_jax.benchmarks import plots, report, runner, serving, spec, sweeps, worker
@@ -31,13 +31,15 @@ _QUICK = flags.DEFINE_bool(
 )
 _SWEEPS = flags.DEFINE_list("sweeps", ["ablation"], f"Sweeps to run, of {', '.join(sweeps.SWEEPS)}.")
 _FRAMES = flags.DEFINE_integer("frames", 20, "Measured frames per run (after warm-up and fill frames).")
-_N = flags.DEFINE_list("N", ["5", "10", "15", "20", "30"], "Max new tokens of the n_k sweep.")
+_MAX_TEXT = flags.DEFINE_list(
+    "max_text_tokens", ["5", "10", "15", "20", "30"], "Text tokens per request in the n_k sweep."
+)
 _K = flags.DEFINE_list("k", ["1", "5", "10"], "Decode steps per frame of the n_k sweep.")
 _STEPS = flags.DEFINE_list("steps", ["5", "10", "15", "20"], "Denoising steps of the steps sweep.")
 _DEADLINES = flags.DEFINE_list(
     "deadline_fractions", ["0.5", "0.7", "0.9"], "Deadline-k targets (x action-only Hz)."
 )
-_OUT = flags.DEFINE_string("out", None, "Results folder (benchmarks/results/<machine> when absent).")
+_OUT = cli.define_out_flag(None, "Results folder (benchmarks/results/<machine> when absent).")
 _CACHE = flags.DEFINE_string(
     "jax_cache_dir",
     str(pathlib.Path.home() / ".cache" / "oxygen_jax" / "xla"),
@@ -130,7 +132,7 @@ def main(_):
     else:
         grid = sweeps.SweepGrid(
             frames=_FRAMES.value,
-            max_new=tuple(int(n) for n in _N.value),
+            max_new=tuple(int(n) for n in _MAX_TEXT.value),
             k=tuple(int(k) for k in _K.value),
             num_steps=tuple(int(s) for s in _STEPS.value),
             deadline_fractions=tuple(float(f) for f in _DEADLINES.value),
@@ -149,4 +151,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

@@ -1,19 +1,19 @@
 """ALOHA sim evaluation (gym-aloha) of a local or served pi0.5 policy: results JSON, videos, text.
 
-  python scripts/eval_aloha.py --config=pi05_aloha --checkpoint_dir=CKPT --episodes=10 --out_dir=DIR
-  python scripts/eval_aloha.py --policy=remote --port=8000 --task=AlohaInsertion-v0 --out_dir=DIR
+  python scripts/eval_aloha.py --config=pi05_aloha --checkpoint_dir=CKPT --episodes=10 --out=DIR
+  python scripts/eval_aloha.py --policy=remote --port=8000 --task=AlohaInsertion-v0 --out=DIR
 
 Needs `pip install -e '.[aloha]'` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
 """
 
 import pathlib
 
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import aloha_sim, common
+from oxygen_jax.evaluation import aloha_sim
 
-common.define_policy_flags("pi05_aloha")
+_POLICY = cli.define_policy_flags("pi05_aloha")
 _TASK = flags.DEFINE_enum("task", "AlohaTransferCube-v0", sorted(aloha_sim.TASKS), "gym-aloha task.")
 _EPISODES = flags.DEFINE_integer("episodes", 10, "Episodes to run.", lower_bound=1)
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 300, "Control steps per episode (50 Hz).", lower_bound=1)
@@ -22,8 +22,8 @@ _REPLAN = flags.DEFINE_integer(
 )
 _SEED = flags.DEFINE_integer("seed", 0, "Episode i resets the env with seed + i.")
 _PROMPT = flags.DEFINE_string("prompt", None, "Task prompt (the task's training prompt when absent).")
-_VIDEO = flags.DEFINE_bool("save_video", True, "Write videos/episode_NNN.mp4 under --out_dir.")
-_OUT = flags.DEFINE_string("out_dir", "eval_results/aloha", "Where results.json and videos go.")
+_VIDEO = flags.DEFINE_bool("save_video", True, "Write videos/episode_NNN.mp4 under --out.")
+_OUT = cli.define_out_flag("eval_results/aloha", "Folder for results.json and videos.")
 
 
 def main(_):
@@ -37,14 +37,11 @@ def main(_):
         save_video=_VIDEO.value,
     )
     out_dir = pathlib.Path(_OUT.value)
-    try:
-        aloha_sim.check_simulator()
-        policy = common.policy_from_flags("aloha")
-        recorder = common.recorder_from_flags(aloha_sim.CONTROL_HZ, "aloha")
-        info = common.policy_description_from_flags()
-        results = aloha_sim.evaluate(policy, settings, out_dir, info, recorder)
-    except common.SetupError as error:
-        cli.fail(str(error))
+    aloha_sim.check_simulator()
+    recorder = _POLICY.recorder(aloha_sim.CONTROL_HZ, "aloha")
+    results = aloha_sim.evaluate(
+        _POLICY.policy("aloha"), settings, out_dir, _POLICY.description(), recorder
+    )
     s = results["summary"]
     print(
         f"{settings.task}: {s['successes']}/{s['episodes']} successes ({s['success_rate']:.0%}), "
@@ -54,4 +51,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

@@ -4,28 +4,28 @@ On the robot's control computer (with the DROID robot stack installed), against 
   python scripts/eval_droid.py --mode=robot --policy=remote --host=SERVER --port=8000 \
       --left_camera_id=24259877 --right_camera_id=24514023 --wrist_camera_id=13062452 --external_camera=left
 Each rollout asks for an instruction, runs at 15 Hz until --max_steps or Ctrl+C, then asks for a score;
-scores go to --out_dir/droid_eval_<time>.csv.
+scores go to --out/droid_eval_<time>.csv.
 
 Offline, through a local or served policy (a folder of npz observations, or a synthetic stream):
   python scripts/eval_droid.py --mode=replay --replay_dir=FRAMES --config=pi05_droid --checkpoint_dir=CKPT
-  python scripts/eval_droid.py --mode=replay --synthetic_frames=32 --config=pi05_tiny --out_dir=DIR
+  python scripts/eval_droid.py --mode=replay --synthetic_frames=32 --config=pi05_tiny --out=DIR
 """
 
 import pathlib
 
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import common, droid
+from oxygen_jax.evaluation import droid
 
-common.define_policy_flags("pi05_droid")
+_POLICY = cli.define_policy_flags("pi05_droid")
 _MODE = flags.DEFINE_enum("mode", "replay", ["robot", "replay"], "Real robot, or offline replay.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 600, "Control steps per rollout (15 Hz).", lower_bound=1)
 _HORIZON = flags.DEFINE_integer(
     "open_loop_horizon", 8, "Actions executed from each chunk before replanning.", lower_bound=1
 )
 _VIDEO = flags.DEFINE_bool("save_video", True, "Write a video of the exterior camera per rollout.")
-_OUT = flags.DEFINE_string("out_dir", "eval_results/droid", "Where results, CSV and videos go.")
+_OUT = cli.define_out_flag("eval_results/droid", "Folder for results, CSV and videos.")
 # Robot.
 _LEFT = flags.DEFINE_string("left_camera_id", None, "Left exterior ZED camera id.")
 _RIGHT = flags.DEFINE_string("right_camera_id", None, "Right exterior ZED camera id.")
@@ -46,8 +46,8 @@ def _robot(settings: droid.Settings, out_dir: pathlib.Path) -> None:
         )
     cameras = droid.Cameras(_LEFT.value, _RIGHT.value, _WRIST.value, _EXTERNAL.value)
     env = droid.load_robot_env()
-    policy = common.policy_from_flags("droid")
-    recorder = common.recorder_from_flags(droid.CONTROL_HZ, "droid")
+    policy = _POLICY.policy("droid")
+    recorder = _POLICY.recorder(droid.CONTROL_HZ, "droid")
     csv_path = droid.run_robot(policy, env, cameras, droid.ConsoleOperator(), settings, out_dir, recorder)
     print(f"wrote {csv_path}")
 
@@ -57,10 +57,10 @@ def _replay(settings: droid.Settings, out_dir: pathlib.Path) -> None:
         frames = droid.load_frames(pathlib.Path(_REPLAY_DIR.value))
     else:
         frames = droid.synthetic_frames(_SYNTHETIC.value, _SEED.value)
-    policy = common.policy_from_flags("droid")
-    info = common.policy_description_from_flags()
-    recorder = common.recorder_from_flags(droid.CONTROL_HZ, "droid")
-    results = droid.replay(policy, frames, _PROMPT.value, settings, out_dir, info, recorder)
+    recorder = _POLICY.recorder(droid.CONTROL_HZ, "droid")
+    results = droid.replay(
+        _POLICY.policy("droid"), frames, _PROMPT.value, settings, out_dir, _POLICY.description(), recorder
+    )
     r = results["rollout"]
     median = (r["infer_ms"] or {}).get("median")
     late = "" if r["late_steps"] is None else f", {r['late_steps']} steps late for 15 Hz"
@@ -82,14 +82,11 @@ def main(_):
         save_video=_VIDEO.value,
     )
     out_dir = pathlib.Path(_OUT.value)
-    try:
-        if _MODE.value == "robot":
-            _robot(settings, out_dir)
-        else:
-            _replay(settings, out_dir)
-    except common.SetupError as error:
-        cli.fail(str(error))
+    if _MODE.value == "robot":
+        _robot(settings, out_dir)
+    else:
+        _replay(settings, out_dir)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

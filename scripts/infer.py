@@ -17,20 +17,17 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli
 from oxygen_jax.models import inputs
 
-_CONFIG = cli.define_config_flag("pi05_cpu")
-_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
+_MODEL = cli.define_model_flags("pi05_cpu")
+_MAX_TEXT = cli.define_max_text_tokens()
+_OUT = cli.define_out_flag(None, "npz to write actions (and text outputs) to.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for random init, synthetic inputs and noise.")
 _OBS = flags.DEFINE_string("obs", None, "npz of model-level input arrays (synthetic when absent).")
-_OUT = flags.DEFINE_string("out", None, "npz to write actions (and text outputs) to.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Batch size of the synthetic observation.")
-_STEPS = flags.DEFINE_integer("num_steps", None, "Denoising steps (config's num_steps when absent).")
-_MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Generate up to N text tokens per row (0: no text).")
-_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.")
 _TEXT_TASKS = flags.DEFINE_multi_string(
@@ -49,9 +46,11 @@ def _timed(fn):
     return result, first, time.perf_counter() - start
 
 
-def _text_tasks(engine, tokenizer, cache, batch: int, lines: list[str]) -> dict[str, np.ndarray]:
+def _text_tasks(
+    engine, tokenizer, cache, batch: int, max_text: int, lines: list[str]
+) -> dict[str, np.ndarray]:
     """Every --text_task on every row from one extension of the shared prefix and one decode."""
-    if _MAX_TEXT.value <= 0:
+    if max_text <= 0:
         cli.fail("--text_task needs --max_text_tokens > 0")
     tasks = []
     for spec in _TEXT_TASKS.value:
@@ -65,7 +64,7 @@ def _text_tasks(engine, tokenizer, cache, batch: int, lines: list[str]) -> dict[
     suffixes = [suffix for _, suffix in tasks for _ in range(batch)]
     extended = engine.extend(cache, rows, suffixes)
     text = engine.generate(
-        extended, _MAX_TEXT.value, temperature=_TEMPERATURE.value, top_p=_TOP_P.value, seed=_SEED.value
+        extended, max_text, temperature=_TEMPERATURE.value, top_p=_TOP_P.value, seed=_SEED.value
     )
     out = {}
     for t, (name, _) in enumerate(tasks):
@@ -77,23 +76,21 @@ def _text_tasks(engine, tokenizer, cache, batch: int, lines: list[str]) -> dict[
 
 
 def main(_):
-    cfg = _CONFIG.value
-    engine = cli.build_engine(cfg, _CHECKPOINT.value, _SEED.value)
+    cfg = _MODEL.config.value
+    engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
+    max_text = cli.max_text_tokens(_MAX_TEXT, cfg)
     model = engine.config
     if _OBS.value:
         with np.load(_OBS.value) as f:
             arrays = dict(f)
     else:
         arrays = inputs.synthetic_arrays(model, _BATCH.value, seed=_SEED.value)
-    try:
-        obs = inputs.observation_from_arrays(arrays, model)
-        batch = obs.tokenized_prompt.shape[0]
-        noise = inputs.noise_from_arrays(arrays, model, batch)
-    except inputs.InputError as e:
-        cli.fail(str(e))
+    obs = inputs.observation_from_arrays(arrays, model)
+    batch = obs.tokenized_prompt.shape[0]
+    noise = inputs.noise_from_arrays(arrays, model, batch)
     if noise is None:
         noise = engine.noise(jax.random.key(_SEED.value), batch)
-    num_steps = _STEPS.value or cfg.num_steps
+    num_steps = _MODEL.num_steps.value or cfg.num_steps
 
     cache, prefill_first, prefill_s = _timed(lambda: engine.prefill(obs))
     actions, denoise_first, denoise_s = _timed(lambda: engine.denoise(cache, noise, num_steps))
@@ -104,12 +101,12 @@ def main(_):
         f"prefill {prefill_s * 1e3:.1f} ms (first call {prefill_first:.2f} s incl. compile)",
         f"denoise {num_steps} steps {denoise_s * 1e3:.1f} ms (first call {denoise_first:.2f} s)",
     ]
-    if _MAX_TEXT.value > 0:
-        tokenizer = cli.build_tokenizer(cfg, _TOKENIZER.value)
+    if max_text > 0:
+        tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
         text, text_first, text_s = _timed(
             lambda: engine.generate(
                 cache,
-                _MAX_TEXT.value,
+                max_text,
                 temperature=_TEMPERATURE.value,
                 top_p=_TOP_P.value,
                 seed=_SEED.value,
@@ -118,10 +115,11 @@ def main(_):
         out["text_tokens"] = np.asarray(text.tokens, np.int32)
         out["text_logprobs"] = np.asarray(text.logprobs, np.float32)
         out["text"] = np.array([tokenizer.detokenize(row) for row in out["text_tokens"]], dtype=str)
-        lines.append(f"text {_MAX_TEXT.value} tokens {text_s * 1e3:.1f} ms (first call {text_first:.2f} s)")
+        lines.append(f"text {max_text} tokens {text_s * 1e3:.1f} ms (first call {text_first:.2f} s)")
         lines += [f"  row {i}: {str(t)!r}" for i, t in enumerate(out["text"])]
     if _TEXT_TASKS.value:
-        out.update(_text_tasks(engine, cli.build_tokenizer(cfg, _TOKENIZER.value), cache, batch, lines))
+        tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
+        out.update(_text_tasks(engine, tokenizer, cache, batch, max_text, lines))
     if _SCORE.value:
         tokens = np.load(_SCORE.value)
         if tokens.ndim != 2 or tokens.shape[0] != batch or tokens.dtype.kind not in "iu":
@@ -137,4 +135,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

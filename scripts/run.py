@@ -1,8 +1,8 @@
 """The main job: actions every frame and language batched across frames, from one shared KV cache.
 
-  python scripts/run.py                                   # pi05_cpu, random init, synthetic camera
+  python scripts/run.py                                   # pi05_cpu, random init, synthetic LIBERO camera
   python scripts/run.py --config=pi05_libero --checkpoint_dir=pi05_libero --target_hz=50 \
-      --arrivals=poisson --rate=0.5 --summary_json=summary.json
+      --arrivals=poisson --rate=0.5 --out=summary.json
   python scripts/run.py --loop=async --robots=4 --think_ms=300 --seconds=20   # robots on the device loop
 
 By default frames follow a frame clock with the `--arrivals` workload. With `--loop=async|frame` the same
@@ -17,7 +17,7 @@ import json
 import jax
 import numpy as np
 import tqdm
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli
 from oxygen_jax.benchmarks import serving
@@ -27,10 +27,14 @@ from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import TextRequest
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
-_CONFIG = cli.define_config_flag("pi05_cpu")
-_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "openpi checkpoint (random init when absent).")
-_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma tokenizer (config's when absent).")
+_MODEL = cli.define_model_flags("pi05_cpu")
+_MAX_TEXT = cli.define_max_text_tokens()
+_DECODE = cli.define_decode_step_flags()
+_OUT = cli.define_out_flag(None, "Write the run summary (JSON) to this file.")
 _OBS_DIR = flags.DEFINE_string("obs_dir", None, "Folder of recorded npz frames (synthetic when absent).")
+_LAYOUT = flags.DEFINE_enum(
+    "layout", "libero", sorted(observations.LAYOUTS), "Robot whose cameras the synthetic stream fills."
+)
 _PROMPT = flags.DEFINE_string("prompt", observations.DEFAULT_PROMPT, "Task prompt of the synthetic stream.")
 _FRAMES = flags.DEFINE_integer("frames", 60, "Frames with new observations (arrivals happen in these).")
 _DRAIN = flags.DEFINE_bool("drain", True, "After the last frame, keep acting until every request finished.")
@@ -38,16 +42,9 @@ _ARRIVALS = flags.DEFINE_enum("arrivals", "uniform", arrivals.KINDS, "Language r
 _RATE = flags.DEFINE_float("rate", 1.0, "Requests per frame (uniform/random_length) or Poisson lambda.")
 _LENGTHS = flags.DEFINE_list("lengths", ["5", "20"], "Short,long request lengths for random_length.")
 _LONG_FRACTION = flags.DEFINE_float("long_fraction", 0.5, "Fraction of long requests (random_length).")
-_MAX_NEW = flags.DEFINE_integer(
-    "max_new_tokens", None, "Tokens per request (config's engine.max_new_tokens)."
-)
 _SLOTS = flags.DEFINE_integer("max_slots", None, "Batch state slots (config's engine.max_slots).")
-_K = flags.DEFINE_integer("k", 5, "Decode steps per frame (ignored when --target_hz is set).")
-_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Action rate to hold; k is chosen online per frame.")
-_STEPS = flags.DEFINE_integer("num_steps", None, "Denoising steps (config's num_steps when absent).")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for init, observations, arrivals and sampling.")
-_SUMMARY = flags.DEFINE_string("summary_json", None, "Write the run summary here.")
 _PRINT_TEXT = flags.DEFINE_integer("print_text", 3, "Print the first N finished texts.")
 _LOOP = flags.DEFINE_enum("loop", None, ["async", "frame"], "Serve closed-loop robots on the device loop.")
 _ROBOTS = flags.DEFINE_integer("robots", 1, "--loop: robots sending observations.")
@@ -58,59 +55,83 @@ _SECONDS = flags.DEFINE_float("seconds", 20.0, "--loop: how long the robots run.
 def serve_robots(engine, stream, max_new: int, num_steps: int) -> dict:
     """--loop: the robot workload of `benchmarks/serving.py` on this engine."""
     setting = serving.Setting(
-        _ROBOTS.value, _THINK_MS.value, max_new=max_new, frame_k=_K.value, seconds=_SECONDS.value
+        _ROBOTS.value, _THINK_MS.value, max_new=max_new, frame_k=_DECODE.k.value, seconds=_SECONDS.value
     )
     frames = [next(stream) for _ in range(8)]
     print(f"{setting.name}: {_LOOP.value} loop, warming up, then {setting.seconds:g} s of robots...")
     return {
-        "config": _CONFIG.value.name,
+        "config": _MODEL.config.value.name,
         "setting": setting.name,
         **serving.run_mode(engine, frames, _LOOP.value, setting, num_steps),
     }
 
 
+def _layout_line(engine, stream_frame: dict, prefix_len: int) -> str:
+    """Which cameras the stream fills and the prefix they make: the action rate depends on both."""
+    config = engine.config
+    visible = [cam for cam in config.image_keys if stream_frame[f"image_mask/{cam}"].all()]
+    source = _OBS_DIR.value or f"synthetic {_LAYOUT.value} layout"
+    return (
+        f"{source}: cameras {', '.join(visible)} ({len(config.image_keys) - len(visible)} of "
+        f"{len(config.image_keys)} masked); prefix {prefix_len} columns = {len(visible)} x "
+        f"{config.image_tokens} image tokens + {prefix_len - len(visible) * config.image_tokens} prompt"
+    )
+
+
+def _print_texts(texts: list, random_model: bool) -> None:
+    if random_model and texts:
+        print("random-initialized model: its text is noise, so token ids are shown (pass --checkpoint_dir)")
+    for result in texts[: _PRINT_TEXT.value]:
+        shown = result.tokens.tolist() if random_model else repr(result.text)
+        print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {shown}")
+
+
 def main(_):
-    cfg = _CONFIG.value
-    engine = cli.build_engine(cfg, _CHECKPOINT.value, _SEED.value)
-    tokenizer = cli.build_tokenizer(cfg, _TOKENIZER.value)
-    max_new = _MAX_NEW.value or cfg.engine.max_new_tokens
+    cfg = _MODEL.config.value
+    # A recorded stream is opened first, so a wrong --obs_dir fails before the model is built.
+    recorded = observations.npz_stream(_OBS_DIR.value) if _OBS_DIR.value else None
+    engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
+    tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
+    max_new = cli.max_text_tokens(_MAX_TEXT, cfg)
     lengths = tuple(int(x) for x in _LENGTHS.value) if _ARRIVALS.value == "random_length" else (max_new,)
     max_new = max(max_new, *lengths)
     manager = KVCacheManager(engine, _SLOTS.value or cfg.engine.max_slots, max_new, tokenizer.detokenize)
-    policy = (
-        k_policy.DeadlineK(_TARGET_HZ.value, max_k=max_new) if _TARGET_HZ.value else k_policy.FixedK(_K.value)
-    )
+    target_hz = _DECODE.target_hz.value
+    policy = k_policy.DeadlineK(target_hz, max_k=max_new) if target_hz else k_policy.FixedK(_DECODE.k.value)
     scheduler = FrameScheduler(
         engine,
         manager,
         policy,
-        num_steps=_STEPS.value or cfg.num_steps,
+        num_steps=_MODEL.num_steps.value or cfg.num_steps,
         max_prefill_batch=1,
         seed=_SEED.value,
     )
-    stream = (
-        observations.npz_stream(_OBS_DIR.value)
-        if _OBS_DIR.value
-        else observations.synthetic_stream(engine.config, tokenizer, _PROMPT.value, _SEED.value)
+    stream = recorded or observations.synthetic_stream(
+        engine.config, tokenizer, _PROMPT.value, _SEED.value, observations.LAYOUTS[_LAYOUT.value]
     )
     if _LOOP.value:
-        report(serve_robots(engine, stream, max_new, _STEPS.value or cfg.num_steps))
+        report(serve_robots(engine, stream, max_new, _MODEL.num_steps.value or cfg.num_steps))
         return
     pattern = arrivals.ArrivalPattern(
         _ARRIVALS.value, _RATE.value, lengths, _LONG_FRACTION.value, _SEED.value
     )
 
     print(f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}; warming up...")
-    scheduler.warmup(next(stream))
-    print(
-        f"{manager.max_slots} slots x {max_new} tokens on {manager.prefix_len}-column prefixes: "
-        f"batch state {manager.state_bytes / 2**20:.1f} MiB"
-    )
+    first = next(stream)
+    scheduler.warmup(first)
+    print(_layout_line(engine, first, manager.prefix_len))
+    print(f"{manager.max_slots} slots x {max_new} tokens: batch state {manager.state_bytes / 2**20:.1f} MiB")
     stats, texts, arrived = metrics.RunStats(), [], 0
     with CompileCounter() as counter:
-        progress = tqdm.tqdm(itertools.count(), desc="frames", unit="frame", total=_FRAMES.value)
-        for frame in progress:
-            if frame >= _FRAMES.value and not (_DRAIN.value and (manager.active or manager.queued)):
+        progress = tqdm.tqdm(desc="frames", unit="frame", total=_FRAMES.value)
+        for frame in itertools.count():
+            if frame == _FRAMES.value:
+                if not (_DRAIN.value and (manager.active or manager.queued)):
+                    break
+                # The drain's length is known only as requests finish: its own bar counts them.
+                progress.close()
+                progress = tqdm.tqdm(desc="drain", unit="request", total=manager.active + manager.queued)
+            elif frame > _FRAMES.value and not (manager.active or manager.queued):
                 break
             requests = []
             if frame < _FRAMES.value:
@@ -124,6 +145,7 @@ def main(_):
             result = scheduler.step([FrameInput(next(stream), requests=requests)])
             stats.add(result)
             texts += result.finished
+            progress.update(1 if frame < _FRAMES.value else len(result.finished))
             progress.set_postfix(
                 {k: f"{v:.1f}" for k, v in stats.live().items()}
                 | {"k": result.k, "batch": result.decode_batch}
@@ -134,10 +156,12 @@ def main(_):
         "config": cfg.name,
         "backend": jax.default_backend(),
         "dtype": engine.config.dtype,
+        "layout": "obs_dir" if _OBS_DIR.value else _LAYOUT.value,
+        "prefix_len": manager.prefix_len,
         "arrivals": _ARRIVALS.value,
         "rate": _RATE.value,
-        "k": "deadline" if _TARGET_HZ.value else _K.value,
-        "target_hz": _TARGET_HZ.value,
+        "k": "deadline" if target_hz else _DECODE.k.value,
+        "target_hz": target_hz,
         "requests_arrived": arrived,
         **stats.summary(),
         "queue_wait_frames_mean": float(np.mean([t.queue_wait_frames for t in texts])) if texts else 0.0,
@@ -145,18 +169,16 @@ def main(_):
         "peak_memory_bytes": metrics.peak_memory_bytes(),
         "state_bytes": manager.state_bytes,
     }
-    for result in texts[: _PRINT_TEXT.value]:
-        tokens = len(result.tokens)
-        print(f"request {result.request_id} ({result.finish_reason}, {tokens} tokens): {result.text!r}")
+    _print_texts(texts, random_model=not _MODEL.checkpoint_dir.value)
     report(summary)
 
 
 def report(summary: dict) -> None:
     print(json.dumps(summary, indent=1))
-    if _SUMMARY.value:
-        with open(_SUMMARY.value, "w") as f:
+    if _OUT.value:
+        with open(_OUT.value, "w") as f:
             json.dump(summary, f, indent=1)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

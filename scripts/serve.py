@@ -24,11 +24,9 @@ shape (a one-time wait). `--language=inline` instead answers one request at a ti
 to completion within it.
 """
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags, logging
 
 from oxygen_jax import cli, config
-from oxygen_jax.params import PARAMS_DTYPES
 from oxygen_jax.policies.policy import create_policy
 from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.serving import recorder, websocket_server
@@ -42,25 +40,20 @@ _ENV = flags.DEFINE_enum(
     "Robot (openpi's env names, any case); picks config pi05_<env>.",
     case_sensitive=False,
 )
-_CONFIG = cli.define_config_flag("pi05_libero")
-_CHECKPOINT = flags.DEFINE_string(
-    "checkpoint_dir",
-    None,
-    "openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' (openpi's default for "
-    "--env); random init when absent.",
+_MODEL = cli.define_model_flags(
+    "pi05_libero",
+    checkpoint_help="openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' (openpi's "
+    "default for --env); random init when absent.",
 )
-_TOKENIZER = flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (see README).")
+_MAX_TEXT = cli.define_max_text_tokens()
+_DECODE = cli.define_decode_step_flags()
 _PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
 _HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
-_MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 0, "Text tokens per language request (0: actions only).")
 _PROMPT = flags.DEFINE_string(
     "default_prompt", None, "Prompt for observations that carry none (default: the robot's, if any)."
 )
 _RECORD = flags.DEFINE_bool("record", False, "Save each request and reply (openpi's policy records).")
 _RECORD_DIR = flags.DEFINE_string("record_dir", recorder.DEFAULT_RECORD_DIR, "Where --record writes.")
-_PARAMS_DTYPE = flags.DEFINE_enum(
-    "params_dtype", "bfloat16", list(PARAMS_DTYPES), "Restore params as this dtype (openpi: bfloat16)."
-)
 _LANGUAGE = flags.DEFINE_enum(
     "language", "stream", ["stream", "inline"], "Stream text across frames, or decode it within each request."
 )
@@ -68,7 +61,7 @@ _LOOP = flags.DEFINE_enum(
     "loop",
     "async",
     ["async", "frame"],
-    "async: language decodes whenever no observation waits; frame: k tokens per frame, before its replies.",
+    "async: language decodes whenever no observation waits; frame: --k tokens per frame, before its replies.",
 )
 _MAX_DELAY_MS = flags.DEFINE_float(
     "max_action_delay_ms",
@@ -76,8 +69,6 @@ _MAX_DELAY_MS = flags.DEFINE_float(
     "Async loop: longest an arriving observation waits behind a decode chunk (default: 10%% of the "
     "measured action path).",
 )
-_K = flags.DEFINE_integer("k", 4, "Frame loop: decode steps per frame (ignored when --target_hz is set).")
-_TARGET_HZ = flags.DEFINE_float("target_hz", None, "Frame loop: frame rate to hold; k chosen per frame.")
 _MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
 _MAX_TEXT_TASKS = flags.DEFINE_integer(
     "max_text_tasks",
@@ -107,8 +98,8 @@ _OPENPI_DEFAULT_CHECKPOINTS = {
 
 def checkpoint_dir() -> str | None:
     """--checkpoint_dir, with 'default' as openpi's default checkpoint for --env."""
-    if _CHECKPOINT.value != "default":
-        return _CHECKPOINT.value
+    if _MODEL.checkpoint_dir.value != "default":
+        return _MODEL.checkpoint_dir.value
     if _ENV.value not in _OPENPI_DEFAULT_CHECKPOINTS:
         cli.fail(
             f"--env={_ENV.value} has no pi0.5 default checkpoint (openpi serves the pi0 model pi0_aloha_sim);"
@@ -118,39 +109,37 @@ def checkpoint_dir() -> str | None:
 
 
 def main(_):
-    config_flag = flags.FLAGS[_CONFIG.name]
-    name = config_flags.get_config_filename(config_flag) if config_flag.present else f"pi05_{_ENV.value}"
-    overrides = config_flags.get_override_values(config_flag)
+    name = _MODEL.config_name() if flags.FLAGS[_MODEL.config.name].present else f"pi05_{_ENV.value}"
+    overrides = _MODEL.config_overrides()
     if flags.FLAGS["env"].present:  # an explicit --env also picks the robot transforms of another config
         overrides = {"robot": _ENV.value, **overrides}
-    try:
-        policy = create_policy(
-            name,
-            checkpoint_dir(),
-            tokenizer_path=_TOKENIZER.value,
-            max_text_tokens=_MAX_TEXT.value,
-            default_prompt=_PROMPT.value,
-            params_dtype=_PARAMS_DTYPE.value,
-            overrides=overrides,
-        )
-    except (OSError, ValueError) as error:  # missing files, an unreachable URL, bad values
-        cli.fail(str(error))
+    cfg = config.load_config(name)
+    cfg.update_from_flattened_dict(overrides)
+    max_text = cli.max_text_tokens(_MAX_TEXT, cfg)
+    policy = create_policy(
+        name,
+        checkpoint_dir(),
+        tokenizer_path=_MODEL.tokenizer_path.value,
+        max_text_tokens=max_text,
+        default_prompt=_PROMPT.value,
+        num_steps=_MODEL.num_steps.value,
+        params_dtype=_MODEL.params_dtype_value(),
+        overrides=overrides,
+    )
     if _LANGUAGE.value == "inline":
         backend = PolicyServerBackend(policy)
     else:
-        max_k = max(_MAX_TEXT.value, 1)
+        max_k = max(max_text, 1)
         if _LOOP.value == "async":
             max_delay_s = None if _MAX_DELAY_MS.value is None else _MAX_DELAY_MS.value / 1e3
             try:
                 k_policy = DelayBoundK(max_k=max_k, max_delay_s=max_delay_s)
             except ValueError as error:
                 cli.fail(str(error))
-        elif _TARGET_HZ.value:
-            k_policy = DeadlineK(_TARGET_HZ.value, max_k=max_k)
+        elif _DECODE.target_hz.value:
+            k_policy = DeadlineK(_DECODE.target_hz.value, max_k=max_k)
         else:
-            k_policy = FixedK(_K.value)
-        cfg = config.load_config(name)
-        cfg.update_from_flattened_dict(overrides)
+            k_policy = FixedK(_DECODE.k.value)
         session = MultiRobotSession(
             policy,
             k_policy,
@@ -176,4 +165,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

@@ -36,7 +36,7 @@ def results(tmp_path_factory):
         str(ROOT / "scripts" / "benchmark.py"),
         "--config=pi05_tiny",
         "--sweeps=ablation,n_k",
-        "--N=5",
+        "--max_text_tokens=5",
         "--k=5",
         "--frames=2",
         f"--out={out}",

@@ -81,7 +81,7 @@ def test_cli_local_episode_writes_results_and_video(simulator, tmp_path):
         "--config=pi05_tiny",
         "--episodes=1",
         "--max_steps=20",
-        f"--out_dir={tmp_path}",
+        f"--out={tmp_path}",
         f"--max_text_tokens={MAX_TEXT_TOKENS}",
     )
     results = json.loads((tmp_path / "results.json").read_text())
@@ -117,7 +117,7 @@ def test_cli_remote_episode_through_the_server(simulator, tmp_path):
             "--max_steps=6",
             "--replan_steps=4",
             "--nosave_video",
-            f"--out_dir={tmp_path}",
+            f"--out={tmp_path}",
         )
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["policy"]["kind"] == "remote"
@@ -136,7 +136,7 @@ def test_remote_without_a_server_is_a_one_line_error(simulator, tmp_path):
             str(REPO / "scripts" / "eval_aloha.py"),
             "--policy=remote",
             "--port=1",
-            f"--out_dir={tmp_path}",
+            f"--out={tmp_path}",
         ],
         capture_output=True,
         text=True,

@@ -91,7 +91,7 @@ def test_cli_replay_of_a_synthetic_stream(tmp_path):
             "--config=pi05_tiny",
             "--synthetic_frames=10",
             "--max_text_tokens=4",
-            f"--out_dir={tmp_path}",
+            f"--out={tmp_path}",
         ],
         capture_output=True,
         text=True,

@@ -1,6 +1,7 @@
 """Continuous batching across frames: equivalence with decoding alone, bounded compilations, admission."""
 
 import dataclasses
+import logging
 
 import numpy as np
 import pytest
@@ -242,3 +243,24 @@ def test_warmup_sizes_the_state_to_the_robots_prefix(engine, variants):
     assert result.actions and manager.active == 1
     with pytest.raises(ValueError, match="does not fit the batch state"):  # all three cameras: too wide
         scheduler.step([FrameInput(variants[0], requests=[TextRequest(1, MAX_NEW)])])
+
+
+def test_deadline_k_warns_once_when_the_target_is_out_of_reach(caplog):
+    """Actions take 10 ms and one decode step 3 ms: 200 Hz (5 ms) cannot be held, about 77 Hz can."""
+    policy = DeadlineK(target_hz=200, max_k=30)
+    with caplog.at_level(logging.WARNING, logger="oxygen_jax.runtime.k_policy"):
+        for _ in range(10):
+            policy.observe_action(action_s=0.010)
+            policy.observe_decode(policy.choose(), decode_s=0.003)
+    [record] = caplog.records
+    assert "target rate 200 Hz is out of reach" in record.message
+    assert "a frame takes 13.0 ms" in record.message and "at most 76.9 Hz; running at k=1" in record.message
+
+
+def test_deadline_k_is_silent_for_a_reachable_target(caplog):
+    policy = DeadlineK(target_hz=50, max_k=30)
+    with caplog.at_level(logging.WARNING, logger="oxygen_jax.runtime.k_policy"):
+        for _ in range(10):
+            policy.observe_action(action_s=0.010)
+            policy.observe_decode(policy.choose(), decode_s=0.003)
+    assert not caplog.records

@@ -222,6 +222,7 @@ def serve_script(
         "--config=pi05_tiny",
         *(checkpoint if golden else []),
         f"--port={port}",
+        "--max_text_tokens=0",  # openpi's server: actions only (text is the config's default otherwise)
         *flags,
     ]
     # The servers share compiled programs, so only the first one pays for compiling the prefill.

@@ -20,6 +20,7 @@ import orbax.checkpoint as ocp
 from flax import traverse_util
 
 from oxygen_jax import download
+from oxygen_jax.errors import CheckpointError, InvalidArgumentError, UserError
 
 _CACHE_SUBDIR = "openpi-assets/checkpoints"
 _TREE_METADATA = "_METADATA"
@@ -29,18 +30,31 @@ _PYTORCH_WEIGHTS = "model.safetensors"
 KeyPath = tuple[str, ...]
 
 
-class CheckpointMismatchError(ValueError):
-    """The checkpoint's parameter tree differs from the one the model expects."""
+class CheckpointMismatchError(UserError, ValueError):
+    """The checkpoint's parameter tree differs from the one the model expects (usually: another config).
+
+    The message names up to `_SHOWN` paths of each kind; the attributes hold them all.
+    """
+
+    _SHOWN = 5
 
     def __init__(self, missing: list[str], unexpected: list[str], misshaped: list[str]) -> None:
         self.missing = missing
         self.unexpected = unexpected
         self.misshaped = misshaped
-        lines = ["checkpoint parameters do not match the expected tree:"]
-        lines += [f"  missing: {p}" for p in missing]
-        lines += [f"  unexpected: {p}" for p in unexpected]
-        lines += [f"  mis-shaped: {p}" for p in misshaped]
-        super().__init__("\n".join(lines))
+        parts = [
+            f"{kind}: {'; '.join(paths[: self._SHOWN])}" + _more(len(paths) - self._SHOWN)
+            for kind, paths in (("missing", missing), ("unexpected", unexpected), ("mis-shaped", misshaped))
+            if paths
+        ]
+        super().__init__(
+            f"checkpoint parameters do not match the config's model ({', '.join(parts)}); "
+            "is --config the one the checkpoint was trained with?"
+        )
+
+
+def _more(count: int) -> str:
+    return f" (and {count} more)" if count > 0 else ""
 
 
 def _is_params_dir(path: pathlib.Path) -> bool:
@@ -58,7 +72,7 @@ def _match_layout(path: pathlib.Path) -> pathlib.Path | None:
     if (path / "params").is_dir():
         return path
     if (path / _PYTORCH_WEIGHTS).is_file():
-        raise ValueError(
+        raise InvalidArgumentError(
             f"{path} is an openpi PyTorch checkpoint ({_PYTORCH_WEIGHTS}), which is not loaded here: pass "
             f"the JAX checkpoint it was converted from (a folder with params/, e.g. gs://openpi-assets/"
             f"checkpoints/{path.name})"
@@ -90,22 +104,20 @@ def resolve_checkpoint_dir(path_or_name: str | os.PathLike[str]) -> pathlib.Path
     tried = []
     for candidate in candidates:
         if not candidate.is_dir():
-            tried.append(f"  {candidate} (does not exist)")
+            tried.append(f"{candidate}: does not exist")
             continue
         found = _match_layout(candidate)
         if found is not None:
             return found.resolve()
-        tried.append(f"  {candidate} (exists but holds no params/, <step>/params or {_TREE_METADATA})")
+        tried.append(f"{candidate}: exists but holds no params/, <step>/params or {_TREE_METADATA}")
 
     name = pathlib.PurePosixPath(text.rstrip("/")).name
     target = cache / _CACHE_SUBDIR / name
-    raise FileNotFoundError(
-        f"no checkpoint found for {text!r}; tried:\n"
-        + "\n".join(tried)
-        + f"\nOfficial openpi checkpoints live at gs://openpi-assets/checkpoints/<name>: pass that URL to"
-        f" download one into the cache (set $OPENPI_DATA_HOME to move it), or copy it there, e.g.\n"
-        f"  gsutil -m cp -r gs://openpi-assets/checkpoints/{name} {target.parent}/\n"
-        f"then pass {name!r} or {str(target)!r}."
+    raise CheckpointError(
+        f"no checkpoint found for {text!r} (tried {'; '.join(tried)}); official openpi checkpoints live at "
+        f"gs://openpi-assets/checkpoints/<name>: pass that URL to download one into the cache "
+        f"($OPENPI_DATA_HOME moves it), or copy it there with "
+        f"`gsutil -m cp -r gs://openpi-assets/checkpoints/{name} {target.parent}/`, then pass {name!r}"
     )
 
 
@@ -192,6 +204,6 @@ def norm_stats_path(checkpoint_dir: str | os.PathLike[str], asset_id: str) -> pa
     if path.is_file():
         return path
     present = sorted(str(p.parent.relative_to(assets)) for p in assets.rglob("norm_stats.json"))
-    raise FileNotFoundError(
+    raise CheckpointError(
         f"no norm stats for asset id {asset_id!r} at {path}; asset ids present: {present or 'none'}"
     )

@@ -1,28 +1,210 @@
-"""Shared pieces of the absl command-line tools: `--config=<name>` resolution and engine building."""
+"""The command-line layer every script shares: one flag name and one default per idea, `--config=<name>`
+resolution, and `run(main)`, which reports user mistakes in one line instead of a traceback.
 
+Flags defined here are listed by each script's `--help` (absl shows only the main module's own flags
+unless told otherwise).
+"""
+
+import dataclasses
+import logging
 import sys
+from collections.abc import Callable
+from typing import Any
 
-from absl import flags
+from absl import app, flags
 from ml_collections import config_flags
 
 from oxygen_jax import config
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.params import load_params
+from oxygen_jax.errors import UserError
+from oxygen_jax.evaluation.common import EpisodeRecorder, EvalPolicy, RemotePolicy, SetupError, local_policy
+from oxygen_jax.params import PARAMS_DTYPES, load_params
 from oxygen_jax.tokenizer import Tokenizer
+
+STORED = "stored"
+
+
+def _shown(holder: flags.FlagHolder) -> flags.FlagHolder:
+    """Lists a flag defined here in the running script's `--help`."""
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
+    return holder
 
 
 def define_config_flag(default: str) -> flags.FlagHolder:
     """`--config=pi05_tiny` (a name under oxygen_jax/configs/) or a path; `--config.model.x=...` overrides."""
-    return config_flags.DEFINE_config_file("config", config.config_path(default), "Config name or file.")
+    return _shown(
+        config_flags.DEFINE_config_file(
+            "config",
+            config.config_path(default),
+            f"Config name ({', '.join(config.known_configs())}) or file.",
+        )
+    )
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ before parsing."""
-    rewritten = [
-        "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
-        for arg in argv
-    ]
-    return flags.FLAGS(rewritten)
+@dataclasses.dataclass(frozen=True)
+class ModelFlags:
+    """The flags that pick a model: config, checkpoint, tokenizer, params dtype, denoising steps."""
+
+    config: flags.FlagHolder
+    checkpoint_dir: flags.FlagHolder
+    tokenizer_path: flags.FlagHolder
+    params_dtype: flags.FlagHolder
+    num_steps: flags.FlagHolder
+
+    def params_dtype_value(self) -> str | None:
+        """The dtype to restore params as (None: as stored)."""
+        return None if self.params_dtype.value == STORED else self.params_dtype.value
+
+    def config_name(self) -> str:
+        """The `--config` file (for APIs that load a config by name or path)."""
+        return config_flags.get_config_filename(flags.FLAGS[self.config.name])
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The `--config.x=...` overrides, flattened."""
+        return config_flags.get_override_values(flags.FLAGS[self.config.name])
+
+
+def define_model_flags(default_config: str, checkpoint_help: str | None = None) -> ModelFlags:
+    return ModelFlags(
+        config=define_config_flag(default_config),
+        checkpoint_dir=_shown(
+            flags.DEFINE_string(
+                "checkpoint_dir",
+                None,
+                checkpoint_help
+                or "openpi checkpoint: a path, a name in openpi's cache or a gs:// URL (random init when absent).",
+            )
+        ),
+        tokenizer_path=_shown(
+            flags.DEFINE_string(
+                "tokenizer_path", None, "PaliGemma sentencepiece model (config's when absent)."
+            )
+        ),
+        params_dtype=_shown(
+            flags.DEFINE_enum(
+                "params_dtype",
+                "bfloat16",
+                [*PARAMS_DTYPES, STORED],
+                "Restore params as this dtype (openpi: bfloat16); the model computes in the config's dtype.",
+            )
+        ),
+        num_steps=_shown(
+            flags.DEFINE_integer("num_steps", None, "Denoising steps (config's when absent).", lower_bound=1)
+        ),
+    )
+
+
+def define_max_text_tokens() -> flags.FlagHolder:
+    return _shown(
+        flags.DEFINE_integer(
+            "max_text_tokens",
+            None,
+            "Text tokens per language request (config's engine.max_new_tokens when absent; 0: actions only).",
+            lower_bound=0,
+        )
+    )
+
+
+def max_text_tokens(holder: flags.FlagHolder, cfg) -> int:
+    """`--max_text_tokens`, or the config's `engine.max_new_tokens` when it is absent."""
+    return cfg.engine.max_new_tokens if holder.value is None else holder.value
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeStepFlags:
+    """How many decode steps run per frame: `--k`, or as many as `--target_hz` leaves time for."""
+
+    k: flags.FlagHolder
+    target_hz: flags.FlagHolder
+
+
+def define_decode_step_flags() -> DecodeStepFlags:
+    return DecodeStepFlags(
+        k=_shown(flags.DEFINE_integer("k", 5, "Decode steps per frame (unless --target_hz).", lower_bound=1)),
+        target_hz=_shown(
+            flags.DEFINE_float(
+                "target_hz", None, "Frame rate to hold; k is chosen online per frame.", lower_bound=1e-3
+            )
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyFlags:
+    """The evaluation scripts' policy: in-process (`--policy=local`) or a scripts/serve.py server."""
+
+    kind: flags.FlagHolder
+    host: flags.FlagHolder
+    port: flags.FlagHolder
+    model: ModelFlags
+    max_text_tokens: flags.FlagHolder
+    record_dir: flags.FlagHolder
+
+    def recorder(self, fps: float, robot_type: str) -> EpisodeRecorder | None:
+        """The `--record_dir` dataset writer, or None without the flag."""
+        if not self.record_dir.value:
+            return None
+        from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
+
+        try:
+            return LeRobotWriter(self.record_dir.value, fps=fps, robot_type=robot_type)
+        except FileExistsError as error:
+            raise SetupError(str(error)) from error
+
+    def policy(self, robot: str) -> EvalPolicy:
+        """The policy these flags describe, for `robot`'s observations."""
+        if self.kind.value == "remote":
+            return RemotePolicy(self.host.value, self.port.value)
+        model = self.model
+        overrides = model.config_overrides()
+        return local_policy(
+            robot,
+            model.config_name(),
+            model.checkpoint_dir.value,
+            overrides=overrides,
+            max_text_tokens=max_text_tokens(self.max_text_tokens, model.config.value),
+            tokenizer_path=model.tokenizer_path.value,
+            num_steps=model.num_steps.value,
+            params_dtype=model.params_dtype_value(),
+        )
+
+    def description(self) -> dict[str, Any]:
+        """How the policy was chosen, for the results file."""
+        if self.kind.value == "remote":
+            return {"kind": "remote", "host": self.host.value, "port": self.port.value}
+        return {
+            "kind": "local",
+            "config": self.model.config.value.name,
+            "checkpoint_dir": self.model.checkpoint_dir.value,
+            "max_text_tokens": max_text_tokens(self.max_text_tokens, self.model.config.value),
+        }
+
+
+def define_policy_flags(default_config: str) -> PolicyFlags:
+    return PolicyFlags(
+        kind=_shown(
+            flags.DEFINE_enum(
+                "policy", "local", ["local", "remote"], "In-process policy, or a scripts/serve.py server."
+            )
+        ),
+        host=_shown(flags.DEFINE_string("host", "127.0.0.1", "Policy server host for --policy=remote.")),
+        port=_shown(flags.DEFINE_integer("port", 8000, "Policy server port for --policy=remote.")),
+        model=define_model_flags(default_config),
+        max_text_tokens=define_max_text_tokens(),
+        record_dir=_shown(
+            flags.DEFINE_string(
+                "record_dir",
+                None,
+                "Record every control step (observation, executed action, the policy's text) as a LeRobot "
+                "dataset in this new folder (docs/training.md).",
+            )
+        ),
+    )
+
+
+def define_out_flag(default: str | None, what: str) -> flags.FlagHolder:
+    """`--out`: where a script writes what it produced (a file or a folder, as `what` says)."""
+    return _shown(flags.DEFINE_string("out", default, what))
 
 
 def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: str | None = None) -> Engine:
@@ -39,7 +221,38 @@ def build_tokenizer(cfg, tokenizer_path: str | None = None) -> Tokenizer:
     return Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=cfg.model.max_token_len)
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ before parsing;
+    a bad flag value ends the script with a one-line error."""
+    try:
+        rewritten = [
+            "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
+            for arg in argv
+        ]
+        return flags.FLAGS(rewritten)
+    except (flags.Error, UserError) as error:
+        fail(f"{error} (see --help)")
+    except (AttributeError, KeyError) as error:  # ml_collections' answer to an unknown override path
+        field = str(error).strip("\"'")
+        fail(f"the config has no field {field!r} (a --config.<field>=... override names it; see --helpfull)")
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+    """`app.run(main)` for the scripts: user mistakes (`UserError`) end it with one line on stderr."""
+
+    def reporting_user_errors(argv: list[str]) -> None:
+        try:
+            main(argv)
+        except UserError as error:
+            fail(str(error))
+
+    # JAX logs at INFO each accelerator plugin it probes and does not find (`Unable to initialize backend
+    # 'tpu'`); that is no news on a machine without one, so only its warnings are shown.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    app.run(reporting_user_errors, flags_parser=parse_flags)
+
+
 def fail(message: str) -> None:
     """Ends a CLI with a one-line error instead of a traceback for user mistakes."""
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
     sys.exit(2)

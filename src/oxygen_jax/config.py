@@ -9,6 +9,7 @@ import pathlib
 import jax
 import ml_collections
 
+from oxygen_jax.errors import ConfigError
 from oxygen_jax.models import gemma, pi05, siglip
 
 IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
@@ -104,7 +105,7 @@ def resolve_dtype(dtype: str) -> str:
     if dtype == "auto":
         return "float32" if jax.default_backend() == "cpu" else "bfloat16"
     if dtype not in ("float32", "bfloat16"):
-        raise ValueError(f"model.dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
+        raise ConfigError(f"model.dtype must be 'auto', 'float32' or 'bfloat16', got {dtype!r}")
     return dtype
 
 
@@ -137,7 +138,9 @@ def config_path(name_or_path: str) -> str:
     if not path.endswith(".py"):
         candidate = CONFIGS_DIR / f"{path}.py"
         if not candidate.exists():
-            raise FileNotFoundError(f"no config named {path!r}; known configs: {', '.join(known_configs())}")
+            raise ConfigError(
+                f"no config named {path!r}; use one of {', '.join(known_configs())} or a path to a .py file"
+            )
         path = str(candidate)
     return path + sep + arg
 

@@ -19,6 +19,8 @@ import fsspec
 import tqdm
 from fsspec.callbacks import Callback
 
+from oxygen_jax.errors import InvalidArgumentError, MissingFileError, UnreachableError
+
 _CACHE_ENV = "OPENPI_DATA_HOME"
 _DEFAULT_CACHE = "~/.cache/openpi"
 # Storage options per scheme: public buckets need no credentials (and gcsfs would otherwise look for them).
@@ -72,7 +74,7 @@ def _filesystem(url: str, storage_options: Mapping[str, Any] | None) -> tuple[An
         return fsspec.core.url_to_fs(url, **options)
     except (ImportError, ValueError) as error:  # no backend for the scheme, or an unknown scheme
         install = _INSTALL.get(scheme, f"install the fsspec backend for {scheme}://")
-        raise ValueError(f"cannot read {url}: {error}; {install}") from error
+        raise InvalidArgumentError(f"cannot read {url}: {error}; {install}") from error
 
 
 def maybe_download(url: str, *, storage_options: Mapping[str, Any] | None = None) -> pathlib.Path:
@@ -86,9 +88,9 @@ def maybe_download(url: str, *, storage_options: Mapping[str, Any] | None = None
         is_dir = info["type"] == "directory"
         total = fs.du(path) if is_dir else info["size"]
     except FileNotFoundError as error:
-        raise FileNotFoundError(f"{url} does not exist") from error
+        raise MissingFileError(f"{url} does not exist") from error
     except Exception as error:  # network, DNS or permission failures: the backend's own types
-        raise OSError(
+        raise UnreachableError(
             f"cannot reach {url} ({type(error).__name__}: {error}); offline? copy it by hand to {local}"
         ) from error
     local.parent.mkdir(parents=True, exist_ok=True)

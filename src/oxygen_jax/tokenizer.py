@@ -14,6 +14,7 @@ import numpy as np
 import sentencepiece
 
 from oxygen_jax import download
+from oxygen_jax.errors import MissingFileError
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +57,12 @@ def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathli
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    tried = "\n".join(f"  - {c}" for c in candidates)
-    raise FileNotFoundError(
-        f"PaliGemma tokenizer model not found. Tried:\n{tried}\n"
-        f"The file is openpi's {TOKENIZER_URL} (pass that URL to download it; openpi downloads it into "
-        f"its cache, $OPENPI_DATA_HOME or ~/.cache/openpi, under {_RELATIVE_PATH}). "
-        f'Small vocab-1024 configs use path="{STANDIN}", the stand-in bundled at {_BUNDLED_STANDIN} '
-        f"(rebuild it with scripts/make_standin_tokenizer.py); golden parity tests use {_STANDIN_PATH}."
+    raise MissingFileError(
+        f"PaliGemma tokenizer model not found (tried {', '.join(map(str, candidates))}); it is openpi's "
+        f"{TOKENIZER_URL} (pass that URL to download it; openpi downloads it into $OPENPI_DATA_HOME or "
+        f"~/.cache/openpi, under {_RELATIVE_PATH}); small vocab-1024 configs use --tokenizer_path={STANDIN}, "
+        f"the stand-in bundled at {_BUNDLED_STANDIN} (rebuilt by scripts/make_standin_tokenizer.py); golden "
+        f"parity tests use {_STANDIN_PATH}"
     )
 
 

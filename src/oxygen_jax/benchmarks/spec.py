@@ -13,16 +13,10 @@ import numpy as np
 from oxygen_jax.models import inputs
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.runtime import arrivals
+from oxygen_jax.runtime.observations import LAYOUTS
 
 MODES = ("isolated", "parallel", "shared_kv", "oxygen", "action_only")
 
-# Visible cameras per robot. LIBERO and DROID fill two of pi0.5's three image slots (the right wrist slot
-# is masked); ALOHA fills all three.
-LAYOUTS = {
-    "libero": ("base_0_rgb", "left_wrist_0_rgb"),
-    "droid": ("base_0_rgb", "left_wrist_0_rgb"),
-    "aloha": ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
-}
 _PROMPT_LEN = {"libero": 48, "droid": 40, "aloha": 64}  # typical pi0.5 prompt + discretized state
 
 

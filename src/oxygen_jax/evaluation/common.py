@@ -19,14 +19,13 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import tqdm
-from absl import flags
 
-from oxygen_jax import cli
+from oxygen_jax.errors import UserError
 
 T = TypeVar("T")
 
 
-class SetupError(RuntimeError):
+class SetupError(UserError, RuntimeError):
     """The evaluation cannot start: CLIs report it in one line instead of a traceback."""
 
 
@@ -134,6 +133,7 @@ def local_policy(
     max_text_tokens: int = 0,
     tokenizer_path: str | None = None,
     num_steps: int | None = None,
+    params_dtype: str | None = "bfloat16",
 ) -> EvalPolicy:
     """An in-process policy for `robot` on a config (name or path) and an openpi checkpoint."""
     from oxygen_jax.policies.policy import create_policy
@@ -144,76 +144,10 @@ def local_policy(
         tokenizer_path=tokenizer_path,
         max_text_tokens=max_text_tokens,
         num_steps=num_steps,
+        params_dtype=params_dtype,
         # The robot is the evaluation's, whichever robot the config was written for.
         overrides={**(overrides or {}), "robot": robot},
     )
-
-
-def define_policy_flags(default_config: str) -> None:
-    """The `--policy=local|remote` flags that every evaluation CLI shares."""
-    flags.DEFINE_enum(
-        "policy", "local", ["local", "remote"], "In-process policy, or a scripts/serve.py server."
-    )
-    cli.define_config_flag(default_config)
-    flags.DEFINE_string(
-        "checkpoint_dir", None, "openpi checkpoint for --policy=local (random init if absent)."
-    )
-    flags.DEFINE_string("host", "127.0.0.1", "Policy server host for --policy=remote.")
-    flags.DEFINE_integer("port", 8000, "Policy server port for --policy=remote.")
-    flags.DEFINE_integer(
-        "max_text_tokens", 16, "Language tokens per replan for --policy=local (0: actions only)."
-    )
-    flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (config's when absent).")
-    flags.DEFINE_integer("num_steps", None, "Denoising steps (config's when absent).")
-    flags.DEFINE_string(
-        "record_dir",
-        None,
-        "Record every control step (observation, executed action, the policy's text) as a LeRobot dataset "
-        "in this new folder (docs/training.md).",
-    )
-
-
-def recorder_from_flags(fps: float, robot_type: str) -> EpisodeRecorder | None:
-    """The `--record_dir` dataset writer, or None without the flag."""
-    if not flags.FLAGS.record_dir:
-        return None
-    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
-
-    try:
-        return LeRobotWriter(flags.FLAGS.record_dir, fps=fps, robot_type=robot_type)
-    except FileExistsError as error:
-        raise SetupError(str(error)) from error
-
-
-def policy_from_flags(robot: str) -> EvalPolicy:
-    """The policy that `define_policy_flags`' flags describe."""
-    from ml_collections import config_flags
-
-    f = flags.FLAGS
-    if f.policy == "remote":
-        return RemotePolicy(f.host, f.port)
-    return local_policy(
-        robot,
-        config_flags.get_config_filename(f["config"]),
-        f.checkpoint_dir,
-        overrides=config_flags.get_override_values(f["config"]),
-        max_text_tokens=f.max_text_tokens,
-        tokenizer_path=f.tokenizer_path,
-        num_steps=f.num_steps,
-    )
-
-
-def policy_description_from_flags() -> dict[str, Any]:
-    """How the policy was chosen, for the results file."""
-    f = flags.FLAGS
-    if f.policy == "remote":
-        return {"kind": "remote", "host": f.host, "port": f.port}
-    return {
-        "kind": "local",
-        "config": f.config.name,
-        "checkpoint_dir": f.checkpoint_dir,
-        "max_text_tokens": f.max_text_tokens,
-    }
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ class Settings:
     suites: tuple[str, ...] = ("libero_spatial",)
     # Empty: every task of each suite.
     task_ids: tuple[int, ...] = ()
-    trials: int = 50
+    episodes_per_task: int = 50
     seed: int = 7
     replan_steps: int = 5
     # None: the suite's SUITE_MAX_STEPS.
@@ -206,7 +206,7 @@ def _run_task(
     max_steps = settings.max_steps or SUITE_MAX_STEPS[suite_name]
     env = _make_env(libero, task, settings.seed)
     try:
-        for trial in common.progress(range(settings.trials), f"task {task_id}", leave=False):
+        for trial in common.progress(range(settings.episodes_per_task), f"task {task_id}", leave=False):
             env.reset()
             env_obs = env.set_init_state(init_states[trial % len(init_states)])
             record = {"suite": suite_name, "task_id": task_id, "task": prompt, "trial": trial}

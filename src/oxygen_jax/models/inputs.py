@@ -9,10 +9,11 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from oxygen_jax.errors import UserError
 from oxygen_jax.models.pi05 import Observation, Pi05Config
 
 
-class InputError(ValueError):
+class InputError(UserError, ValueError):
     """An input array is missing or malformed; the message names the key and what was expected."""
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.errors import MissingFileError
+
 NORM_STATS_FILE = "norm_stats.json"
 _EPS = 1e-6
 
@@ -64,7 +66,7 @@ def load_norm_stats(path: str | pathlib.Path) -> dict[str, NormStats]:
     """Read openpi's `{"norm_stats": {key: {...}}}` from a directory holding norm_stats.json or the file."""
     file = _stats_file(path)
     if not file.is_file():
-        raise FileNotFoundError(f"Norm stats file not found at: {file}")
+        raise MissingFileError(f"norm stats file not found at {file}")
     return norm_stats_from_dict(json.loads(file.read_text())["norm_stats"])
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine.engine import Engine
+from oxygen_jax.errors import ConfigError
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
@@ -77,7 +78,7 @@ def robot(cfg) -> _Robot:
     """The robot a config names (`cfg.robot`), or a one-line error listing the known ones."""
     found = _ROBOTS.get(cfg.get("robot"))
     if found is None:
-        raise ValueError(
+        raise ConfigError(
             f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
         )
     return found

@@ -11,8 +11,11 @@ largest k that fits a time budget:
 
 import collections
 import dataclasses
+import logging
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 
 class DecodeCost:
@@ -34,6 +37,11 @@ class DecodeCost:
             return 0.0, float(np.sum(ts) / max(np.sum(ks), 1.0))
         per_step, fixed = np.polyfit(ks, ts, 1)
         return max(float(fixed), 0.0), max(float(per_step), 1e-9)
+
+    def seconds(self, k: int) -> float:
+        """Predicted seconds of a k-step chunk (0 before any chunk was measured)."""
+        fixed, per_step = self.line()
+        return fixed + k * per_step if per_step else 0.0
 
     def steps_within(self, budget_s: float, min_k: int, max_k: int) -> int:
         """The largest k in [min_k, max_k] whose predicted chunk time fits `budget_s` (min_k unmeasured)."""
@@ -66,6 +74,8 @@ class DeadlineK:
 
     min_k (default 1) keeps language moving even when the action path alone fills the budget; max_k caps
     k (the most tokens a request can still need). `margin` is the fraction of the budget planned for.
+    A target that even min_k overruns is warned about once (after `settle_frames` measured frames), with
+    the rate the measured frame allows.
     """
 
     target_hz: float
@@ -73,10 +83,12 @@ class DeadlineK:
     min_k: int = 1
     margin: float = 0.9
     window: int = 64
+    settle_frames: int = 3
 
     def __post_init__(self):
         if self.target_hz <= 0:
             raise ValueError(f"target_hz must be > 0, got {self.target_hz}")
+        self._warned = False
         self._action = collections.deque(maxlen=self.window)
         self._other = collections.deque(maxlen=self.window)
         self.cost = DecodeCost(self.window)
@@ -88,8 +100,24 @@ class DeadlineK:
     def choose(self) -> int:
         if not self._action:
             return self.min_k  # first frame: measure before planning
-        spare = self.budget_s * self.margin - float(np.median(self._action)) - float(np.median(self._other))
-        return self.cost.steps_within(spare, self.min_k, self.max_k)
+        host_s = float(np.median(self._action)) + float(np.median(self._other))
+        if not self._warned and len(self._action) >= self.settle_frames:
+            self._warn_if_unreachable(host_s)
+        return self.cost.steps_within(self.budget_s * self.margin - host_s, self.min_k, self.max_k)
+
+    def _warn_if_unreachable(self, host_s: float) -> None:
+        frame_s = host_s + self.cost.seconds(self.min_k)
+        if frame_s > self.budget_s:
+            self._warned = True
+            logger.warning(
+                "target rate %g Hz is out of reach: a frame takes %.1f ms with the fewest decode steps "
+                "(actions and host %.1f ms), so at most %.1f Hz; running at k=%d",
+                self.target_hz,
+                frame_s * 1e3,
+                host_s * 1e3,
+                1.0 / frame_s,
+                self.min_k,
+            )
 
     def observe_action(self, action_s: float, other_s: float = 0.0) -> None:
         self._action.append(action_s)
