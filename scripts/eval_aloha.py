@@ -39,9 +39,7 @@ def main(_):
     out_dir = pathlib.Path(_OUT.value)
     aloha_sim.check_simulator()
     recorder = _POLICY.recorder(aloha_sim.CONTROL_HZ, "aloha")
-    results = aloha_sim.evaluate(
-        _POLICY.policy("aloha"), settings, out_dir, _POLICY.description(), recorder
-    )
+    results = aloha_sim.evaluate(_POLICY.policy("aloha"), settings, out_dir, _POLICY.description(), recorder)
     s = results["summary"]
     print(
         f"{settings.task}: {s['successes']}/{s['episodes']} successes ({s['success_rate']:.0%}), "

@@ -42,8 +42,8 @@ _ENV = flags.DEFINE_enum(
 )
 _MODEL = cli.define_model_flags(
     "pi05_libero",
-    checkpoint_help="openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' (openpi's "
-    "default for --env); random init when absent.",
+    checkpoint_help="openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' "
+    "(openpi's default for --env); random init when absent.",
 )
 _MAX_TEXT = cli.define_max_text_tokens()
 _DECODE = cli.define_decode_step_flags()

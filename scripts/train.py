@@ -19,7 +19,7 @@ import functools
 import jax
 import numpy as np
 import optax
-from absl import app, flags, logging
+from absl import flags, logging
 
 from oxygen_jax import checkpoints, cli
 from oxygen_jax import config as config_lib
@@ -145,4 +145,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=cli.parse_flags)
+    cli.run(main)

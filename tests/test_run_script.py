@@ -27,8 +27,8 @@ def test_robots_with_think_time_get_actions_and_text(tmp_path, loop):
         "--robots=2",
         "--think_ms=20",
         "--seconds=3",
-        "--max_new_tokens=4",
-        f"--summary_json={summary}",
+        "--max_text_tokens=4",
+        f"--out={summary}",
     ]
     run = subprocess.run(command, capture_output=True, text=True, timeout=580, check=False)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -22,6 +22,7 @@ from oxygen_jax.params import PARAMS_DTYPES, load_params
 from oxygen_jax.tokenizer import Tokenizer
 
 STORED = "stored"
+_CHECKPOINT_HELP = "openpi checkpoint: a path, an openpi cache name or a gs:// URL (random init if absent)."
 
 
 def _shown(holder: flags.FlagHolder) -> flags.FlagHolder:
@@ -71,8 +72,7 @@ def define_model_flags(default_config: str, checkpoint_help: str | None = None) 
             flags.DEFINE_string(
                 "checkpoint_dir",
                 None,
-                checkpoint_help
-                or "openpi checkpoint: a path, a name in openpi's cache or a gs:// URL (random init when absent).",
+                checkpoint_help or _CHECKPOINT_HELP,
             )
         ),
         tokenizer_path=_shown(
