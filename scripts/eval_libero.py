@@ -12,7 +12,7 @@ import pathlib
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import libero_sim
+from oxygen_jax.evaluation import common, libero_sim
 
 _POLICY = cli.define_policy_flags("pi05_libero")
 _SUITES = flags.DEFINE_list(
@@ -51,10 +51,9 @@ def main(_):
         save_video=_VIDEO.value,
     )
     libero_sim.import_libero()
-    recorder = _POLICY.recorder(libero_sim.CONTROL_HZ, "libero")
-    results = libero_sim.evaluate(
-        _POLICY.policy("libero"), settings, out_dir, _POLICY.description(), recorder
-    )
+    recorder = common.recorder_for(_POLICY.record_dir.value, libero_sim.CONTROL_HZ, "libero")
+    policy = common.policy_for("libero", **_POLICY.settings())
+    results = libero_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)
     print(libero_sim.summary_table(results["summary"]))
     print(f"control {results['summary']['total']['control_hz']:.1f} Hz; wrote {out_dir / 'results.json'}")
 

@@ -17,7 +17,6 @@ from ml_collections import config_flags
 from oxygen_jax import config
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import UserError
-from oxygen_jax.evaluation.common import EpisodeRecorder, EvalPolicy, RemotePolicy, SetupError, local_policy
 from oxygen_jax.params import PARAMS_DTYPES, load_params
 from oxygen_jax.tokenizer import Tokenizer
 
@@ -140,33 +139,21 @@ class PolicyFlags:
     max_text_tokens: flags.FlagHolder
     record_dir: flags.FlagHolder
 
-    def recorder(self, fps: float, robot_type: str) -> EpisodeRecorder | None:
-        """The `--record_dir` dataset writer, or None without the flag."""
-        if not self.record_dir.value:
-            return None
-        from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
-
-        try:
-            return LeRobotWriter(self.record_dir.value, fps=fps, robot_type=robot_type)
-        except FileExistsError as error:
-            raise SetupError(str(error)) from error
-
-    def policy(self, robot: str) -> EvalPolicy:
-        """The policy these flags describe, for `robot`'s observations."""
-        if self.kind.value == "remote":
-            return RemotePolicy(self.host.value, self.port.value)
+    def settings(self) -> dict[str, Any]:
+        """Keyword arguments of `evaluation.common.policy_for`."""
         model = self.model
-        overrides = model.config_overrides()
-        return local_policy(
-            robot,
-            model.config_name(),
-            model.checkpoint_dir.value,
-            overrides=overrides,
-            max_text_tokens=max_text_tokens(self.max_text_tokens, model.config.value),
-            tokenizer_path=model.tokenizer_path.value,
-            num_steps=model.num_steps.value,
-            params_dtype=model.params_dtype_value(),
-        )
+        return {
+            "kind": self.kind.value,
+            "host": self.host.value,
+            "port": self.port.value,
+            "config_name": model.config_name(),
+            "checkpoint_dir": model.checkpoint_dir.value,
+            "overrides": model.config_overrides(),
+            "max_text_tokens": max_text_tokens(self.max_text_tokens, model.config.value),
+            "tokenizer_path": model.tokenizer_path.value,
+            "num_steps": model.num_steps.value,
+            "params_dtype": model.params_dtype_value(),
+        }
 
     def description(self) -> dict[str, Any]:
         """How the policy was chosen, for the results file."""

@@ -150,6 +150,23 @@ def local_policy(
     )
 
 
+def policy_for(robot: str, kind: str, host: str, port: int, **local: Any) -> EvalPolicy:
+    """A served policy (`kind="remote"`, at host:port), or a `local_policy(robot, **local)`."""
+    return RemotePolicy(host, port) if kind == "remote" else local_policy(robot, **local)
+
+
+def recorder_for(record_dir: str | None, fps: float, robot_type: str) -> EpisodeRecorder | None:
+    """A LeRobot dataset writer into the new folder `record_dir`, or None without one."""
+    if not record_dir:
+        return None
+    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
+
+    try:
+        return LeRobotWriter(record_dir, fps=fps, robot_type=robot_type)
+    except FileExistsError as error:
+        raise SetupError(str(error)) from error
+
+
 @dataclasses.dataclass(frozen=True)
 class Replan:
     """One policy call of a rollout: when, how long it took, and what the model said."""
