@@ -7,6 +7,7 @@
   python scripts/benchmark.py --report_only --out=DIR      # tables and plots from DIR/runs/*.json
   python scripts/benchmark.py --serving --out=DIR          # closed-loop robots: action_only / frame / async
   python scripts/benchmark.py --serving --serving_sweep    # R in {1, 4, 16} x think time in {0, 100, 300} ms
+  python scripts/benchmark.py --multitask --out=DIR        # 3 text tasks per observation: isolated vs shared
 
 Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
 DIR defaults to benchmarks/results/<machine>.
@@ -21,7 +22,7 @@ import tqdm
 from absl import flags
 
 from oxygen_jax import cli, config
-from oxygen_jax.benchmarks import plots, report, runner, serving, spec, sweeps, worker
+from oxygen_jax.benchmarks import multitask, plots, report, runner, serving, spec, sweeps, worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -52,6 +53,14 @@ _SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "Keep runs already re
 _SERVING = flags.DEFINE_bool("serving", False, "Robots (R=1 T=300 ms, R=4 T=0): DIR/serving.json.")
 _SERVING_SWEEP = flags.DEFINE_bool("serving_sweep", False, "--serving for R in 1,4,16 x T in 0,100,300 ms.")
 _SERVING_SECONDS = flags.DEFINE_float("serving_seconds", 20.0, "Seconds each serving mode runs.")
+_MULTITASK = flags.DEFINE_bool(
+    "multitask", False, "Subtask, narration and memory on every observation: DIR/multitask.json."
+)
+_MULTITASK_FRAMES = flags.DEFINE_integer("multitask_frames", 8, "Frames of each frame-synchronous mode.")
+_MULTITASK_SECONDS = flags.DEFINE_float("multitask_seconds", 10.0, "Seconds of each asynchronous mode.")
+_MULTITASK_THINK = flags.DEFINE_float(
+    "multitask_think_ms", 100.0, "Asynchronous modes: ms the robot executes each action chunk."
+)
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")
 
 
@@ -109,7 +118,25 @@ def _serving(cfg, cache_dir: str | None) -> None:
     print(json.dumps(results, indent=1))
 
 
+def _multitask(cfg, cache_dir: str | None) -> None:
+    """Isolated against shared prefill, frame-synchronous and asynchronous, in this process."""
+    worker.setup_jax(cache_dir)
+    run_spec = spec.RunSpec("oxygen")
+    engine = worker.build_engine(cfg, run_spec)
+    observations = [spec.observation(engine.config, run_spec.layout, i) for i in range(8)]
+    setting = multitask.Setting(
+        frames=_MULTITASK_FRAMES.value, seconds=_MULTITASK_SECONDS.value, think_ms=_MULTITASK_THINK.value
+    )
+    info = {"config": cfg.name, "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+    results = {**info, **multitask.run(engine, observations, setting)}
+    _write_json(_out_dir(info) / "multitask.json", results)
+    print(json.dumps(results, indent=1))
+
+
 def main(_):
+    if _MULTITASK.value:
+        _multitask(_CONFIG.value, _CACHE.value or None)
+        return
     if _SERVING.value:
         _serving(_CONFIG.value, _CACHE.value or None)
         return
