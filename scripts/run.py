@@ -1,6 +1,7 @@
 """The main job: actions every frame and language batched across frames, from one shared KV cache.
 
-  python scripts/run.py                                   # pi05_cpu, random init, synthetic LIBERO camera
+  python scripts/run.py                      # pi05_demo: the shipped demo model on rendered table scenes
+  python scripts/run.py --config=pi05_cpu    # the CPU benchmark model, random init, synthetic LIBERO camera
   python scripts/run.py --config=pi05_libero --checkpoint_dir=pi05_libero --target_hz=50 \
       --arrivals=poisson --rate=0.5 --out=summary.json
   python scripts/run.py --loop=async --robots=4 --think_ms=300 --seconds=20   # robots on the device loop
@@ -19,15 +20,16 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli
+from oxygen_jax import cli, config
 from oxygen_jax.benchmarks import serving
 from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.runtime import arrivals, k_policy, metrics, observations
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import TextRequest
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
-_MODEL = cli.define_model_flags("pi05_cpu")
+_MODEL = cli.define_model_flags("pi05_demo")
 _MAX_TEXT = cli.define_max_text_tokens()
 _DECODE = cli.define_decode_step_flags()
 _OUT = cli.define_out_flag(None, "Write the run summary (JSON) to this file.")
@@ -70,7 +72,8 @@ def _layout_line(engine, stream_frame: dict, prefix_len: int) -> str:
     """Which cameras the stream fills and the prefix they make: the action rate depends on both."""
     config = engine.config
     visible = [cam for cam in config.image_keys if stream_frame[f"image_mask/{cam}"].all()]
-    source = _OBS_DIR.value or f"synthetic {_LAYOUT.value} layout"
+    table = _MODEL.config.value.get("robot") == "table"
+    source = _OBS_DIR.value or ("rendered table scenes" if table else f"synthetic {_LAYOUT.value} layout")
     return (
         f"{source}: cameras {', '.join(visible)} ({len(config.image_keys) - len(visible)} of "
         f"{len(config.image_keys)} masked); prefix {prefix_len} columns = {len(visible)} x "
@@ -78,12 +81,15 @@ def _layout_line(engine, stream_frame: dict, prefix_len: int) -> str:
     )
 
 
-def _print_texts(texts: list, random_model: bool) -> None:
+def _print_texts(texts: list, random_model: bool, scenes: list[str]) -> None:
+    """The first finished texts; `scenes` (table scenes: prompt and true subtask per frame) beside them."""
     if random_model and texts:
         print("random-initialized model: its text is noise, so token ids are shown (pass --checkpoint_dir)")
     for result in texts[: _PRINT_TEXT.value]:
         shown = result.tokens.tolist() if random_model else repr(result.text)
         print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {shown}")
+        if scenes:
+            print(f"  scene: {scenes[result.arrival_frame]}")
 
 
 def main(_):
@@ -106,9 +112,15 @@ def main(_):
         max_prefill_batch=1,
         seed=_SEED.value,
     )
-    stream = recorded or observations.synthetic_stream(
-        engine.config, tokenizer, _PROMPT.value, _SEED.value, observations.LAYOUTS[_LAYOUT.value]
-    )
+    truths: list[str] = []  # per frame of a table-scene stream: the scene's prompt and true subtask
+    if recorded:
+        stream = recorded
+    elif cfg.get("robot") == "table":
+        stream = _table_frames(cfg, truths)
+    else:
+        stream = observations.synthetic_stream(
+            engine.config, tokenizer, _PROMPT.value, _SEED.value, observations.LAYOUTS[_LAYOUT.value]
+        )
     if _LOOP.value:
         report(serve_robots(engine, stream, max_new, _MODEL.num_steps.value or cfg.num_steps))
         return
@@ -119,6 +131,7 @@ def main(_):
     print(f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}; warming up...")
     first = next(stream)
     scheduler.warmup(first)
+    first_frame = len(truths)  # frames the warm-up took
     print(_layout_line(engine, first, manager.prefix_len))
     print(f"{manager.max_slots} slots x {max_new} tokens: batch state {manager.state_bytes / 2**20:.1f} MiB")
     stats, texts, arrived = metrics.RunStats(), [], 0
@@ -169,7 +182,8 @@ def main(_):
         "peak_memory_bytes": metrics.peak_memory_bytes(),
         "state_bytes": manager.state_bytes,
     }
-    _print_texts(texts, random_model=not _MODEL.checkpoint_dir.value)
+    random_model = config.checkpoint_for(cfg, _MODEL.checkpoint_dir.value) is None
+    _print_texts(texts, random_model, truths[first_frame:])
     report(summary)
 
 
@@ -178,6 +192,13 @@ def report(summary: dict) -> None:
     if _OUT.value:
         with open(_OUT.value, "w") as f:
             json.dump(summary, f, indent=1)
+
+
+def _table_frames(cfg, truths: list[str]):
+    """Rendered table scenes as model frames, noting each scene's prompt and true subtask."""
+    for scene, frame in table_scenes.model_stream(cfg, _MODEL.checkpoint_dir.value, _SEED.value):
+        truths.append(f"{scene.prompt!r}, true subtask {scene.subtask!r}")
+        yield frame
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
   # loss terms and gradient norm on a batch given in train_io's `in/...` keys (noise and time included)
   python scripts/train.py --config=pi05_tiny --config.model.prefix_attention=causal_text \
       --config.training.text_loss_weight=1 --checkpoint_dir=CKPT --loss_on=BATCH.npz --out=LOSS.npz
+  # the demo model (the shipped one, or --checkpoint_dir=RUN) and the untrained one on held-out scenes
+  python scripts/train.py --config=pi05_demo --eval_only --out=DIR     # writes DIR/demo_eval.json
 
 The recipe, the loss weights, LoRA and freezing are the config's `training` section (override with
 `--config.training.peak_lr=1e-4` etc.); see docs/training.md. A run writes `RUN/<step>/params` +
@@ -15,6 +17,8 @@ The recipe, the loss weights, LoRA and freezing are the config's `training` sect
 """
 
 import functools
+import json
+import pathlib
 
 import jax
 import numpy as np
@@ -26,7 +30,7 @@ from oxygen_jax import config as config_lib
 from oxygen_jax.models import inputs, pi05
 from oxygen_jax.params import load_params
 from oxygen_jax.policies.normalization import load_norm_stats
-from oxygen_jax.training import loop, synthetic
+from oxygen_jax.training import loop, synthetic, table_demo
 from oxygen_jax.training.batch import batch_from_arrays
 from oxygen_jax.training.loss import mean_loss
 from oxygen_jax.training.train_step import TrainSpec
@@ -41,8 +45,40 @@ _SYNTHETIC = flags.DEFINE_bool("synthetic", False, "Train on a tiny synthetic se
 _NUM_STEPS = flags.DEFINE_integer("num_steps", None, "Train until this step (config num_train_steps).")
 _LOSS_ON = flags.DEFINE_string("loss_on", None, "npz batch (train_io `in/...` keys) to evaluate the loss on.")
 _OUT = flags.DEFINE_string(
-    "out", None, "npz for --loss_on: loss, loss_flow, loss_ce [B], loss_mean, grad_norm."
+    "out",
+    None,
+    "npz for --loss_on: loss, loss_flow, loss_ce [B], loss_mean, grad_norm; folder for --eval_only.",
 )
+_EVAL_ONLY = flags.DEFINE_bool(
+    "eval_only",
+    False,
+    "Table demo configs: score the checkpoint (the config's own without --checkpoint_dir) and the untrained "
+    "model on held-out scenes into OUT/demo_eval.json.",
+)
+_EVAL_SCENES = flags.DEFINE_integer("eval_scenes", 100, "Held-out scenes for --eval_only.", lower_bound=1)
+
+
+def _eval_only(cfg) -> None:
+    if not _OUT.value:
+        cli.fail("--eval_only needs --out=DIR")
+    if cfg.get("robot") != "table":
+        cli.fail(
+            f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.get('robot')!r}"
+        )
+    try:
+        report = table_demo.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
+    except (ValueError, FileNotFoundError) as e:
+        cli.fail(str(e))
+    out = pathlib.Path(_OUT.value)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "demo_eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    for name in ("trained", "untrained"):
+        r = report[name]
+        print(
+            f"{name:9s}: subtask exact match {r['subtask_exact_match']:.3f}, action MSE {r['action_mse']:.5f}"
+        )
+    print(f"action MSE ratio {report['action_mse_ratio']:.4f} over {_EVAL_SCENES.value} held-out scenes")
+    print(f"wrote {out / 'demo_eval.json'}")
 
 
 def _loss_on(cfg) -> None:
@@ -140,6 +176,8 @@ def main(_):
     cfg = _CONFIG.value
     if _LOSS_ON.value:
         _loss_on(cfg)
+    elif _EVAL_ONLY.value:
+        _eval_only(cfg)
     else:
         _train(cfg)
 

@@ -108,8 +108,11 @@ def _outputs(nb) -> tuple[str, int]:
 @pytest.mark.timeout(900)
 def test_quickstart_runs(kernel, monkeypatch):
     monkeypatch.setenv("OXYGEN_NB_FRAMES", "16")
+    monkeypatch.setenv("OXYGEN_NB_TRAIN_STEPS", "2")
+    monkeypatch.setenv("OXYGEN_NB_TRAIN_SCENES", "4")
     text, images = _outputs(_execute("quickstart.ipynb", kernel))
     assert "pi05_tiny" in text and "request  0:" in text and "actions (10, 7)" in text
+    assert "after 2 steps: subtask exact match" in text
     assert images >= 1
 
 

@@ -104,6 +104,8 @@ def test_batches_stack_examples_and_mix_text_and_action_only_rows(demo_dataset):
     assert batch["actions"].shape == (6, HORIZON, cfg.model.action_dim)
     has_text = batch["token_loss_mask"].any(axis=1)
     assert 0 < has_text.sum() < 6
+    bigger = next(from_config.train_examples(cfg, str(root), None).batches(20, prefetch_batches=0))
+    assert bigger["actions"].shape[0] == 20  # more than the dataset's 8 frames: epochs repeat
 
 
 def test_target_that_does_not_fit_is_a_one_line_error():

@@ -5,6 +5,8 @@ there; its trained checkpoint ships in the package (oxygen_jax/assets/pi05_demo)
 runs `--config=pi05_demo` shows true sentences without a download.
 """
 
+import pathlib
+
 import ml_collections
 
 from oxygen_jax import config
@@ -33,6 +35,8 @@ def get_config():
     c.robot = "table"
     c.asset_id = "table_demo"
     c.engine.max_new_tokens = 12
+    # The trained model shipped in the package; tools load it when no --checkpoint_dir is given.
+    c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_demo")
     # Trained from scratch (no openpi checkpoint fits this size): a higher learning rate, a short run,
     # the subtask text loss on, the flow loss over the table robot's 2 action dims.
     t = c.training
@@ -46,7 +50,7 @@ def get_config():
     t.text_loss_weight = 1.0
     t.real_action_dim = 2
     t.log_interval = 50
-    t.save_interval = 1200
+    t.save_interval = 200
     t.keep_period = 0
     c.data = ml_collections.ConfigDict()
     # Raw observation key -> LeRobot column ("key=column" pairs), the action column, the subtask column.

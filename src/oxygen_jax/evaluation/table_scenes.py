@@ -1,8 +1,8 @@
 """The demo table task: coloured cubes on a table seen from above, a prompt naming one, a gripper reaching it.
 
-A scene holds three cubes of different colours in three slots (left, middle, right). The prompt asks for
-one colour ("pick up the red cube"); the true subtask names the cube and where it is ("reach the red cube
-on the left"), which the image alone tells; the actions are the gripper's next positions on a straight
+A scene holds three cubes of different colours in three slots (left, middle, right). The prompt names one
+cube by its place ("pick up the cube on the left"); the true subtask names its colour too ("reach the red
+cube on the left"), which only the image tells; the actions are the gripper's next positions on a straight
 line from where it is toward the cube, `STEPS` moves from the start to the cube. Everything is rendered
 here with numpy, so the demo model's sentences and actions can be checked against the truth.
 """
@@ -36,13 +36,17 @@ class Scene:
     target: int  # slot of the cube the prompt names
 
     @property
+    def place(self) -> str:
+        """Where the target cube is, in words ("on the left")."""
+        return list(SLOTS.values())[self.target][1]
+
+    @property
     def prompt(self) -> str:
-        return f"pick up the {self.colours[self.target]} cube"
+        return f"pick up the cube {self.place}"
 
     @property
     def subtask(self) -> str:
-        words = list(SLOTS.values())[self.target][1]
-        return f"reach the {self.colours[self.target]} cube {words}"
+        return f"reach the {self.colours[self.target]} cube {self.place}"
 
     @property
     def goal(self) -> np.ndarray:

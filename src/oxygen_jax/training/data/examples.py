@@ -163,7 +163,7 @@ class TrainExamples:
         rng = np.random.default_rng(seed)
         order = np.empty(0, int)
         while True:
-            if len(order) < batch_size:
+            while len(order) < batch_size:
                 order = np.concatenate([order, rng.permutation(len(self))])
             chosen, order = order[:batch_size], order[batch_size:]
             texts = rng.random(batch_size) < text_fraction
