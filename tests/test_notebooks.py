@@ -113,6 +113,7 @@ def test_quickstart_runs(kernel, monkeypatch):
     text, images = _outputs(_execute("quickstart.ipynb", kernel))
     assert "pi05_tiny" in text and "request  0:" in text and "actions (10, 7)" in text
     assert "after 2 steps: subtask exact match" in text
+    assert all(f"task {name}:" in text for name in ("subtask", "narration", "memory"))
     assert images >= 1
 
 
