@@ -11,7 +11,7 @@ import pathlib
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import aloha_sim, common
+from oxygen_jax.evaluation import aloha_sim, policies, recording
 
 _POLICY = cli.define_policy_flags("pi05_aloha")
 _TASK = flags.DEFINE_enum("task", "AlohaTransferCube-v0", sorted(aloha_sim.TASKS), "gym-aloha task.")
@@ -38,8 +38,8 @@ def main(_):
     )
     out_dir = pathlib.Path(_OUT.value)
     aloha_sim.check_simulator()
-    recorder = common.recorder_for(_POLICY.record_dir.value, aloha_sim.CONTROL_HZ, "aloha")
-    policy = common.policy_for("aloha", **_POLICY.settings())
+    recorder = recording.recorder_for(_POLICY.record_dir.value, aloha_sim.CONTROL_HZ, "aloha")
+    policy = policies.policy_for("aloha", **_POLICY.settings())
     results = aloha_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)
     s = results["summary"]
     print(

@@ -16,7 +16,7 @@ import pathlib
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import common, droid
+from oxygen_jax.evaluation import droid, policies, recording
 
 _POLICY = cli.define_policy_flags("pi05_droid")
 _MODE = flags.DEFINE_enum("mode", "replay", ["robot", "replay"], "Real robot, or offline replay.")
@@ -46,8 +46,8 @@ def _robot(settings: droid.Settings, out_dir: pathlib.Path) -> None:
         )
     cameras = droid.Cameras(_LEFT.value, _RIGHT.value, _WRIST.value, _EXTERNAL.value)
     env = droid.load_robot_env()
-    policy = common.policy_for("droid", **_POLICY.settings())
-    recorder = common.recorder_for(_POLICY.record_dir.value, droid.CONTROL_HZ, "droid")
+    policy = policies.policy_for("droid", **_POLICY.settings())
+    recorder = recording.recorder_for(_POLICY.record_dir.value, droid.CONTROL_HZ, "droid")
     csv_path = droid.run_robot(policy, env, cameras, droid.ConsoleOperator(), settings, out_dir, recorder)
     print(f"wrote {csv_path}")
 
@@ -57,9 +57,9 @@ def _replay(settings: droid.Settings, out_dir: pathlib.Path) -> None:
         frames = droid.load_frames(pathlib.Path(_REPLAY_DIR.value))
     else:
         frames = droid.synthetic_frames(_SYNTHETIC.value, _SEED.value)
-    recorder = common.recorder_for(_POLICY.record_dir.value, droid.CONTROL_HZ, "droid")
+    recorder = recording.recorder_for(_POLICY.record_dir.value, droid.CONTROL_HZ, "droid")
     results = droid.replay(
-        common.policy_for("droid", **_POLICY.settings()),
+        policies.policy_for("droid", **_POLICY.settings()),
         frames,
         _PROMPT.value,
         settings,

@@ -12,7 +12,7 @@ import pathlib
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import common, libero_sim
+from oxygen_jax.evaluation import libero_sim, policies, recording
 
 _POLICY = cli.define_policy_flags("pi05_libero")
 _SUITES = flags.DEFINE_list(
@@ -51,8 +51,8 @@ def main(_):
         save_video=_VIDEO.value,
     )
     libero_sim.import_libero()
-    recorder = common.recorder_for(_POLICY.record_dir.value, libero_sim.CONTROL_HZ, "libero")
-    policy = common.policy_for("libero", **_POLICY.settings())
+    recorder = recording.recorder_for(_POLICY.record_dir.value, libero_sim.CONTROL_HZ, "libero")
+    policy = policies.policy_for("libero", **_POLICY.settings())
     results = libero_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)
     print(libero_sim.summary_table(results["summary"]))
     print(f"control {results['summary']['total']['control_hz']:.1f} Hz; wrote {out_dir / 'results.json'}")

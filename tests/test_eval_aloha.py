@@ -11,7 +11,7 @@ import imageio
 import numpy as np
 import pytest
 
-from oxygen_jax.evaluation import aloha_sim, common
+from oxygen_jax.evaluation import aloha_sim, chunking, rendering, requirements
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_TEXT_TOKENS = 4
@@ -29,9 +29,9 @@ pytestmark = [
 def simulator():
     """CI installs the `aloha` extra, so there a missing simulator or renderer fails instead of skipping."""
     try:
-        common.configure_mujoco_gl()
-        common.require("gym_aloha", install=aloha_sim.INSTALL, purpose="the ALOHA simulation")
-    except common.MissingDependencyError as error:
+        rendering.configure_mujoco_gl()
+        requirements.require("gym_aloha", install=aloha_sim.INSTALL, purpose="the ALOHA simulation")
+    except requirements.MissingDependencyError as error:
         if os.environ.get("CI"):
             raise
         pytest.skip(str(error))
@@ -164,7 +164,7 @@ def test_observation_is_the_openpi_aloha_request():
 
 def test_chunker_replans_every_replan_steps():
     policy = StandInPolicy()
-    chunker = common.ActionChunker(policy, replan_steps=3)
+    chunker = chunking.ActionChunker(policy, replan_steps=3)
     actions, replans = [], []
     for step in range(7):
         action, replan = chunker.act(step, lambda step=step: {"step": step})
@@ -179,5 +179,5 @@ def test_chunker_replans_every_replan_steps():
 
 
 def test_chunker_refuses_replanning_past_the_horizon():
-    with pytest.raises(common.SetupError, match="exceeds the policy's action horizon 10"):
-        common.ActionChunker(StandInPolicy(), replan_steps=11)
+    with pytest.raises(requirements.SetupError, match="exceeds the policy's action horizon 10"):
+        chunking.ActionChunker(StandInPolicy(), replan_steps=11)

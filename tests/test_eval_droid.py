@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from oxygen_jax.evaluation import common, droid
+from oxygen_jax.evaluation import droid, requirements
 
 imageio = pytest.importorskip("imageio", reason="videos need the droid extra: pip install -e '.[droid]'")
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -136,7 +136,7 @@ def test_replay_of_npz_frames_sends_openpi_requests(tmp_path):
 
 
 def test_missing_replay_frames_is_a_setup_error(tmp_path):
-    with pytest.raises(common.SetupError, match=r"no \.npz frames"):
+    with pytest.raises(requirements.SetupError, match=r"no \.npz frames"):
         droid.load_frames(tmp_path)
 
 
@@ -171,7 +171,7 @@ def test_robot_loop_scores_rollouts_into_a_csv(tmp_path):
 
 
 def test_robot_mode_without_the_droid_stack_says_so():
-    with pytest.raises(common.MissingDependencyError, match="--mode=replay"):
+    with pytest.raises(requirements.MissingDependencyError, match="--mode=replay"):
         droid.load_robot_env()
 
 

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from oxygen_jax.evaluation import common, libero_sim
+from oxygen_jax.evaluation import libero_sim, rendering, requirements
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GOLDEN_CHECKPOINT = REPO.parent / "shared" / "golden" / "checkpoint"
@@ -40,8 +40,8 @@ needs_libero = pytest.mark.skipif(
 @needs_libero
 def test_cli_local_episode_writes_results_and_video(tmp_path):
     try:
-        common.configure_mujoco_gl()
-    except common.MissingDependencyError as error:
+        rendering.configure_mujoco_gl()
+    except requirements.MissingDependencyError as error:
         pytest.skip(str(error))
     imageio = pytest.importorskip("imageio")
     proc = subprocess.run(
@@ -140,5 +140,5 @@ def test_summary_per_task_suite_and_total():
 
 
 def test_unknown_suite_is_a_setup_error():
-    with pytest.raises(common.SetupError, match="libero_100"):
+    with pytest.raises(requirements.SetupError, match="libero_100"):
         libero_sim.Settings(suites=("libero_100",))

@@ -140,7 +140,7 @@ class PolicyFlags:
     record_dir: flags.FlagHolder
 
     def settings(self) -> dict[str, Any]:
-        """Keyword arguments of `evaluation.common.policy_for`."""
+        """Keyword arguments of `evaluation.policies.policy_for`."""
         model = self.model
         return {
             "kind": self.kind.value,

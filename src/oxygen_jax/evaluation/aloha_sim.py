@@ -11,7 +11,18 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.evaluation import common, mujoco_pair
+from oxygen_jax.evaluation import (
+    chunking,
+    console,
+    mujoco_pair,
+    pacing,
+    policies,
+    recording,
+    records,
+    rendering,
+    requirements,
+    video,
+)
 from oxygen_jax.policies import image_tools
 
 # Task -> the prompt the ALOHA sim models were trained with.
@@ -39,22 +50,22 @@ def check_simulator() -> Any:
     """Renderer, packages and the mujoco/dm-control pair, checked before a policy takes its time to load;
     returns `gymnasium`."""
     if problem := mujoco_pair.installed_mismatch():
-        raise common.SetupError(problem)
-    common.configure_mujoco_gl()
-    common.require("gym_aloha", install=INSTALL, purpose="the ALOHA simulation")
-    return common.require("gymnasium", install=INSTALL, purpose="the ALOHA simulation")
+        raise requirements.SetupError(problem)
+    rendering.configure_mujoco_gl()
+    requirements.require("gym_aloha", install=INSTALL, purpose="the ALOHA simulation")
+    return requirements.require("gymnasium", install=INSTALL, purpose="the ALOHA simulation")
 
 
 def make_env(task: str) -> Any:
     """A gym-aloha env with the top camera and joint positions; fails with install/renderer hints."""
     if task not in TASKS:
-        raise common.SetupError(f"unknown ALOHA task {task!r}; choose one of {sorted(TASKS)}")
+        raise requirements.SetupError(f"unknown ALOHA task {task!r}; choose one of {sorted(TASKS)}")
     gymnasium = check_simulator()
     try:
         # Creating the env loads the renderer, so a broken GL setup fails here.
         return gymnasium.make(f"gym_aloha/{task}", obs_type="pixels_agent_pos")
     except Exception as error:
-        raise common.SetupError(common.renderer_hint(error)) from error
+        raise requirements.SetupError(rendering.renderer_hint(error)) from error
 
 
 def observation(gym_obs: dict, prompt: str) -> dict:
@@ -72,16 +83,16 @@ def max_task_reward(env: Any) -> float:
 
 
 def evaluate(
-    policy: common.EvalPolicy,
+    policy: policies.EvalPolicy,
     settings: Settings,
     out_dir: pathlib.Path,
     info: dict,
-    recorder: common.EpisodeRecorder | None = None,
+    recorder: recording.EpisodeRecorder | None = None,
 ) -> dict:
     """Runs the episodes, rewriting `out_dir/results.json` after each; returns the final results."""
     env = make_env(settings.task)
     prompt = settings.prompt or TASKS[settings.task]
-    chunker = common.ActionChunker(policy, settings.replan_steps, recorder)
+    chunker = chunking.ActionChunker(policy, settings.replan_steps, recorder)
     results: dict[str, Any] = {
         "env": "aloha",
         "task": settings.task,
@@ -92,12 +103,12 @@ def evaluate(
     }
     try:
         target = max_task_reward(env)
-        for episode in common.progress(range(settings.episodes), "episodes"):
+        for episode in console.progress(range(settings.episodes), "episodes"):
             record = _run_episode(env, chunker, settings, prompt, episode, target, out_dir)
             results["episodes"].append(record)
             results["summary"] = _summary(results["episodes"])
-            common.write_json(out_dir / "results.json", results)
-            common.echo(
+            records.write_json(out_dir / "results.json", results)
+            console.echo(
                 f"episode {episode}: success={record['success']} max_reward={record['max_reward']} "
                 f"steps={record['steps']} control {record['control_hz']:.1f} Hz"
             )
@@ -108,7 +119,7 @@ def evaluate(
 
 def _run_episode(
     env: Any,
-    chunker: common.ActionChunker,
+    chunker: chunking.ActionChunker,
     settings: Settings,
     prompt: str,
     episode: int,
@@ -119,19 +130,19 @@ def _run_episode(
     try:
         gym_obs, _ = env.reset(seed=seed)
     except Exception as error:
-        raise common.SetupError(common.renderer_hint(error)) from error
+        raise requirements.SetupError(rendering.renderer_hint(error)) from error
     chunker.reset()
     frames, replans = [], []
     best = 0.0
-    meter = common.RateMeter()
-    for step in common.progress(range(settings.max_steps), f"episode {episode}", leave=False):
+    meter = pacing.RateMeter()
+    for step in console.progress(range(settings.max_steps), f"episode {episode}", leave=False):
         if settings.save_video:
             frames.append(gym_obs["pixels"]["top"])
         action, replan = chunker.act(step, lambda obs=gym_obs: observation(obs, prompt))
         if replan is not None:
             replans.append(replan)
             if replan.text is not None:
-                common.echo(f"  step {step}: {replan.text!r}")
+                console.echo(f"  step {step}: {replan.text!r}")
         gym_obs, reward, terminated, truncated, _ = env.step(np.asarray(action, np.float64))
         meter.tick()
         best = max(best, float(reward))
@@ -139,10 +150,10 @@ def _run_episode(
             break
     chunker.end_episode()
     record = {"episode": episode, "seed": seed, "success": best >= target, "max_reward": best}
-    record.update(common.episode_record(replans, meter))
+    record.update(records.episode_record(replans, meter))
     if settings.save_video:
         path = out_dir / "videos" / f"episode_{episode:03d}.mp4"
-        record["video"] = str(common.write_video(path, frames, CONTROL_HZ).relative_to(out_dir))
+        record["video"] = str(video.write_video(path, frames, CONTROL_HZ).relative_to(out_dir))
     return record
 
 

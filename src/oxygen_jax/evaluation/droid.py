@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from oxygen_jax.evaluation import common
+from oxygen_jax.evaluation import chunking, console, pacing, policies, recording, records, requirements, video
 from oxygen_jax.policies import image_tools
 
 CONTROL_HZ = 15
@@ -113,20 +113,20 @@ def deferred_interrupt() -> Iterator[None]:
 
 
 def rollout(
-    policy: common.EvalPolicy,
+    policy: policies.EvalPolicy,
     source: Source,
     prompt: str,
     settings: Settings,
-    recorder: common.EpisodeRecorder | None = None,
+    recorder: recording.EpisodeRecorder | None = None,
 ) -> dict:
     """One rollout until `max_steps`, the end of the stream, or Ctrl+C; returns its record plus the
     executed `actions` [T, 8] and the exterior camera `frames` (and records it as one episode)."""
-    chunker = common.ActionChunker(policy, settings.open_loop_horizon, recorder)
-    pacer = common.Pacer(settings.control_hz) if settings.control_hz else None
-    meter = common.RateMeter()
+    chunker = chunking.ActionChunker(policy, settings.open_loop_horizon, recorder)
+    pacer = pacing.Pacer(settings.control_hz) if settings.control_hz else None
+    meter = pacing.RateMeter()
     frames, actions, replans = [], [], []
     try:
-        for step in common.progress(range(settings.max_steps), "steps", leave=False):
+        for step in console.progress(range(settings.max_steps), "steps", leave=False):
             observation = source.observe()
             if observation is None:
                 break
@@ -137,7 +137,7 @@ def rollout(
             if replan is not None:
                 replans.append(replan)
                 if replan.text is not None:
-                    common.echo(f"  step {step}: {replan.text!r}")
+                    console.echo(f"  step {step}: {replan.text!r}")
             command = to_robot_command(action)
             source.apply(command)
             actions.append(command)
@@ -145,9 +145,9 @@ def rollout(
             if pacer is not None:
                 pacer.wait()
     except KeyboardInterrupt:
-        common.echo("rollout stopped (Ctrl+C)")
+        console.echo("rollout stopped (Ctrl+C)")
     chunker.end_episode()
-    record = common.episode_record(replans, meter)
+    record = records.episode_record(replans, meter)
     record["late_steps"] = pacer.late_steps if pacer is not None else None
     record["actions"] = np.asarray(actions, np.float64).reshape(-1, ACTION_DIM)
     record["frames"] = frames
@@ -174,7 +174,7 @@ def load_frames(folder: pathlib.Path) -> Iterator[dict]:
     """`*.npz` files in name order, each one observation in openpi DROID keys (an optional `prompt`)."""
     paths = sorted(folder.glob("*.npz"))
     if not paths:
-        raise common.SetupError(f"no .npz frames in {folder}")
+        raise requirements.SetupError(f"no .npz frames in {folder}")
     return map(_load_frame, paths)
 
 
@@ -183,7 +183,7 @@ def _load_frame(path: pathlib.Path) -> dict:
         frame = {k: npz[k] for k in npz.files}
     missing = [k for k in REQUIRED_KEYS if k not in frame]
     if missing:
-        raise common.SetupError(f"{path}: missing {missing}; has {sorted(frame)}")
+        raise requirements.SetupError(f"{path}: missing {missing}; has {sorted(frame)}")
     if "prompt" in frame:
         frame["prompt"] = str(frame["prompt"])
     return frame
@@ -204,13 +204,13 @@ def synthetic_frames(count: int, seed: int = 0, image_size: tuple[int, int] = (1
 
 
 def replay(
-    policy: common.EvalPolicy,
+    policy: policies.EvalPolicy,
     frames: Iterable[dict],
     prompt: str,
     settings: Settings,
     out_dir: pathlib.Path,
     info: dict,
-    recorder: common.EpisodeRecorder | None = None,
+    recorder: recording.EpisodeRecorder | None = None,
 ) -> dict:
     """Streams `frames` through the robot loop; writes results.json, actions.npz and a video."""
     record = rollout(policy, ReplaySource(frames), prompt, settings, recorder)
@@ -219,7 +219,7 @@ def replay(
     frames_seen = record.pop("frames")
     if settings.save_video and frames_seen:
         record["video"] = str(
-            common.write_video(out_dir / "replay.mp4", frames_seen, CONTROL_HZ).relative_to(out_dir)
+            video.write_video(out_dir / "replay.mp4", frames_seen, CONTROL_HZ).relative_to(out_dir)
         )
     results = {
         "env": "droid",
@@ -229,7 +229,7 @@ def replay(
         "policy": {**info, "metadata": dict(policy.metadata)},
         "rollout": {**record, "actions": "actions.npz"},
     }
-    common.write_json(out_dir / "results.json", results)
+    records.write_json(out_dir / "results.json", results)
     return results
 
 
@@ -287,7 +287,7 @@ def load_robot_env() -> Any:
             errors.append(f"{module}: {error}")
             continue
         return robot_env.RobotEnv(action_space="joint_velocity", gripper_action_space="position")
-    raise common.MissingDependencyError(
+    raise requirements.MissingDependencyError(
         "the DROID robot loop needs the DROID robot stack (the `droid` package, formerly `r2d2`, from the "
         "DROID repository, installed on the robot's control computer); without a robot, use --mode=replay. "
         f"Import errors: {'; '.join(errors)}"
@@ -312,7 +312,7 @@ class RobotSource:
             # Each ZED is a stereo pair; the policies were trained on the left images only.
             keys = [k for k in raw["image"] if camera_id in k and "left" in k]
             if not keys:
-                raise common.SetupError(
+                raise requirements.SetupError(
                     f"no left image of camera {camera_id} ({name}); got {sorted(raw['image'])}"
                 )
             images[name] = np.ascontiguousarray(np.asarray(raw["image"][keys[0]])[..., :3][..., ::-1])
@@ -329,17 +329,17 @@ class RobotSource:
 
 
 def run_robot(
-    policy: common.EvalPolicy,
+    policy: policies.EvalPolicy,
     env: Any,
     cameras: Cameras,
     operator: Operator,
     settings: Settings,
     out_dir: pathlib.Path,
-    recorder: common.EpisodeRecorder | None = None,
+    recorder: recording.EpisodeRecorder | None = None,
 ) -> pathlib.Path:
     """Rollouts until the operator gives an empty instruction; one CSV row per scored rollout."""
     if cameras.external not in ("left", "right"):
-        raise common.SetupError(f"external camera must be 'left' or 'right', got {cameras.external!r}")
+        raise requirements.SetupError(f"external camera must be 'left' or 'right', got {cameras.external!r}")
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path = out_dir / f"droid_eval_{datetime.datetime.now():%Y%m%d_%H%M%S}.csv"
     source = RobotSource(env, cameras)
@@ -351,13 +351,13 @@ def run_robot(
             if not prompt:
                 break
             started = datetime.datetime.now()
-            common.echo("rolling out; Ctrl+C stops early")
+            console.echo("rolling out; Ctrl+C stops early")
             record = rollout(policy, source, prompt, settings, recorder)
             duration = (datetime.datetime.now() - started).total_seconds()
-            video = ""
+            video_name = ""
             if settings.save_video and record["frames"]:
-                path = common.write_video(out_dir / f"rollout_{index:03d}.mp4", record["frames"], CONTROL_HZ)
-                video = path.name
+                path = video.write_video(out_dir / f"rollout_{index:03d}.mp4", record["frames"], CONTROL_HZ)
+                video_name = path.name
             writer.writerow(
                 {
                     "rollout": index,
@@ -369,7 +369,7 @@ def run_robot(
                     "control_hz": record["control_hz"],
                     "late_steps": record["late_steps"],
                     "infer_ms_median": (record["infer_ms"] or {}).get("median"),
-                    "video": video,
+                    "video": video_name,
                     "texts": json.dumps(record["texts"]),
                 }
             )

@@ -21,7 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.evaluation import common
+from oxygen_jax.evaluation import (
+    chunking,
+    console,
+    pacing,
+    policies,
+    recording,
+    records,
+    rendering,
+    requirements,
+    video,
+)
 from oxygen_jax.policies import image_tools
 
 # Policy-controlled steps per episode (openpi's: the longest training demo, rounded up).
@@ -56,7 +66,9 @@ class Settings:
     def __post_init__(self) -> None:
         unknown = sorted(set(self.suites) - set(SUITE_MAX_STEPS))
         if unknown:
-            raise common.SetupError(f"unknown LIBERO suites {unknown}; choose from {sorted(SUITE_MAX_STEPS)}")
+            raise requirements.SetupError(
+                f"unknown LIBERO suites {unknown}; choose from {sorted(SUITE_MAX_STEPS)}"
+            )
 
 
 def ensure_libero_config() -> None:
@@ -78,7 +90,7 @@ def ensure_libero_config() -> None:
     except ImportError:
         spec = None
     if spec is None or spec.origin is None:
-        raise common.MissingDependencyError(
+        raise requirements.MissingDependencyError(
             f"the LIBERO simulation needs `libero.libero`; install it with: {INSTALL}"
         )
     root = pathlib.Path(spec.origin).parent
@@ -102,11 +114,11 @@ def ensure_libero_config() -> None:
 
 def import_libero() -> Any:
     """`libero.libero`, after choosing a renderer and a path config."""
-    common.configure_mujoco_gl()
+    rendering.configure_mujoco_gl()
     ensure_libero_config()
-    libero = common.require("libero.libero", install=INSTALL, purpose="the LIBERO simulation")
+    libero = requirements.require("libero.libero", install=INSTALL, purpose="the LIBERO simulation")
     for module in ("benchmark", "envs"):
-        common.require(f"libero.libero.{module}", install=INSTALL, purpose="the LIBERO simulation")
+        requirements.require(f"libero.libero.{module}", install=INSTALL, purpose="the LIBERO simulation")
     return libero
 
 
@@ -145,11 +157,11 @@ def observation(env_obs: dict, prompt: str, resize: int) -> dict:
 
 
 def evaluate(
-    policy: common.EvalPolicy,
+    policy: policies.EvalPolicy,
     settings: Settings,
     out_dir: pathlib.Path,
     info: dict,
-    recorder: common.EpisodeRecorder | None = None,
+    recorder: recording.EpisodeRecorder | None = None,
 ) -> dict:
     """Runs every (suite, task, trial), rewriting `out_dir/results.json` after each episode; a `recorder`
     records every episode."""
@@ -157,7 +169,7 @@ def evaluate(
     from libero.libero import benchmark
 
     suites = benchmark.get_benchmark_dict()
-    chunker = common.ActionChunker(policy, settings.replan_steps, recorder)
+    chunker = chunking.ActionChunker(policy, settings.replan_steps, recorder)
     results: dict[str, Any] = {
         "env": "libero",
         "settings": dataclasses.asdict(settings),
@@ -169,8 +181,8 @@ def evaluate(
         task_ids = settings.task_ids or tuple(range(suite.n_tasks))
         for task_id in task_ids:
             if not 0 <= task_id < suite.n_tasks:
-                raise common.SetupError(f"{suite_name} has tasks 0..{suite.n_tasks - 1}, not {task_id}")
-        for task_id in common.progress(task_ids, suite_name):
+                raise requirements.SetupError(f"{suite_name} has tasks 0..{suite.n_tasks - 1}, not {task_id}")
+        for task_id in console.progress(task_ids, suite_name):
             _run_task(libero, suite, suite_name, task_id, chunker, settings, out_dir, results)
     return results
 
@@ -184,7 +196,7 @@ def _make_env(libero: Any, task: Any, seed: int) -> Any:
             bddl_file_name=str(bddl), camera_heights=ENV_RESOLUTION, camera_widths=ENV_RESOLUTION
         )
     except Exception as error:
-        raise common.SetupError(common.renderer_hint(error)) from error
+        raise requirements.SetupError(rendering.renderer_hint(error)) from error
     # Object placement depends on this seed even with a fixed initial state.
     env.seed(seed)
     return env
@@ -195,7 +207,7 @@ def _run_task(
     suite: Any,
     suite_name: str,
     task_id: int,
-    chunker: common.ActionChunker,
+    chunker: chunking.ActionChunker,
     settings: Settings,
     out_dir: pathlib.Path,
     results: dict,
@@ -206,7 +218,7 @@ def _run_task(
     max_steps = settings.max_steps or SUITE_MAX_STEPS[suite_name]
     env = _make_env(libero, task, settings.seed)
     try:
-        for trial in common.progress(range(settings.episodes_per_task), f"task {task_id}", leave=False):
+        for trial in console.progress(range(settings.episodes_per_task), f"task {task_id}", leave=False):
             env.reset()
             env_obs = env.set_init_state(init_states[trial % len(init_states)])
             record = {"suite": suite_name, "task_id": task_id, "task": prompt, "trial": trial}
@@ -214,7 +226,7 @@ def _run_task(
             if settings.save_video:
                 outcome = "success" if record["success"] else "failure"
                 name = f"task{task_id:02d}_trial{trial:02d}_{outcome}.mp4"
-                path = common.write_video(
+                path = video.write_video(
                     out_dir / "videos" / suite_name / name, record.pop("frames"), CONTROL_HZ
                 )
                 record["video"] = str(path.relative_to(out_dir))
@@ -222,8 +234,8 @@ def _run_task(
                 record.pop("frames")
             results["episodes"].append(record)
             results["summary"] = summarize(results["episodes"])
-            common.write_json(out_dir / "results.json", results)
-            common.echo(
+            records.write_json(out_dir / "results.json", results)
+            console.echo(
                 f"{suite_name} task {task_id} trial {trial}: success={record['success']} "
                 f"steps={record['steps']} control {record['control_hz']:.1f} Hz"
             )
@@ -232,15 +244,15 @@ def _run_task(
 
 
 def _run_episode(
-    env: Any, env_obs: dict, chunker: common.ActionChunker, settings: Settings, prompt: str, max_steps: int
+    env: Any, env_obs: dict, chunker: chunking.ActionChunker, settings: Settings, prompt: str, max_steps: int
 ) -> dict:
     done = False
     for _ in range(settings.settle_steps):
         env_obs, _, done, _ = env.step(list(DUMMY_ACTION))
     chunker.reset()
     frames, replans = [], []
-    meter = common.RateMeter()
-    for step in common.progress(range(max_steps), "steps", leave=False):
+    meter = pacing.RateMeter()
+    for step in console.progress(range(max_steps), "steps", leave=False):
         if done:
             break
         if settings.save_video:
@@ -249,11 +261,11 @@ def _run_episode(
         if replan is not None:
             replans.append(replan)
             if replan.text is not None:
-                common.echo(f"  step {step}: {replan.text!r}")
+                console.echo(f"  step {step}: {replan.text!r}")
         env_obs, _, done, _ = env.step(np.asarray(action).tolist())
         meter.tick()
     chunker.end_episode()
-    return {"success": bool(done), **common.episode_record(replans, meter), "frames": frames}
+    return {"success": bool(done), **records.episode_record(replans, meter), "frames": frames}
 
 
 def summarize(episodes: Sequence[dict]) -> dict:
@@ -291,4 +303,4 @@ def summary_table(summary: dict) -> str:
     rows = [rate(f"{t['suite']}/{t['task_id']}: {t['task'][:60]}", t) for t in summary["tasks"]]
     rows += [rate(f"{name} (suite)", s) for name, s in summary["suites"].items()]
     rows.append(rate("total", summary["total"]))
-    return common.format_table(["task", "successes", "rate"], rows)
+    return console.format_table(["task", "successes", "rate"], rows)
