@@ -9,6 +9,8 @@ from oxygen_jax import checkpoints, config
 from oxygen_jax.models import inputs
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+# Four CPU devices for mesh tests; JAX reads the flag at import, so only a subprocess can take it.
+FORCED_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
 
 
 def golden_inputs(npz) -> dict:

@@ -26,6 +26,7 @@ class FakeEngine:
     def __init__(self, config: Pi05Config, eos_id: int = -1):
         self.config = config
         self.eos_id = eos_id
+        self.data_size = 1
         self.calls: list[tuple[str, int]] = []
 
     def prefill(self, obs: Observation) -> PrefixCache:

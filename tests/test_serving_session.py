@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import websockets.sync.client
-from conftest import GOLDEN
+from conftest import FORCED_DEVICES, GOLDEN
 from test_policy import E2E, TOKENIZER, make_policy, raw_observation
 
 from oxygen_jax.engine.compile_counter import CompileCounter
@@ -209,10 +209,10 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def serve_script(
-    log_dir: pathlib.Path, *flags: str, golden: bool = True
+    log_dir: pathlib.Path, *flags: str, golden: bool = True, env: dict[str, str] | None = None
 ) -> Iterator[tuple[subprocess.Popen, int]]:
     """`scripts/serve.py` on the tiny config in a subprocess, until it answers /healthz; on the golden
-    checkpoint and tokenizer unless `golden` is False (then random-initialized)."""
+    checkpoint and tokenizer unless `golden` is False (then random-initialized); `env` adds variables."""
     port = free_port()
     checkpoint = [f"--checkpoint_dir={GOLDEN / 'checkpoint'}", f"--tokenizer_path={TOKENIZER}"]
     command = [
@@ -226,7 +226,7 @@ def serve_script(
         *flags,
     ]
     # The servers share compiled programs, so only the first one pays for compiling the prefill.
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(log_dir.parent / "jax_cache")}
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(log_dir.parent / "jax_cache"), **(env or {})}
     log = log_dir / f"serve_{port}.log"
     with log.open("w") as stderr:
         process = subprocess.Popen(command, stdout=stderr, stderr=stderr, env=env)
@@ -303,3 +303,30 @@ def test_serve_script_takes_config_overrides(tmp_path_factory):
         assert client.infer(raw_observation())["actions"].shape == (16, 7)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0
+
+
+def test_serve_script_round_trip_on_a_2x2_mesh(tmp_path_factory):
+    """Two robots against serve.py on a data:2,model:2 mesh get openpi's actions and the text the
+    single-device policy decodes."""
+    flags = (
+        "--config.model.discrete_state_input=False",
+        "--config.engine.mesh=data:2,model:2",
+        "--max_text_tokens=4",
+        "--max_slots=2",
+        "--max_batch=2",
+    )
+    alone = make_policy("dsi0", max_text_tokens=4).infer(golden_observation())
+    with serve_script(tmp_path_factory.mktemp("serve"), *flags, env=FORCED_DEVICES) as (_, port):
+
+        def robot(_: int) -> list[dict]:
+            client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+            return [client.infer(golden_observation()) for _ in range(4)]
+
+        with ThreadPoolExecutor(2) as pool:
+            replies = [reply for replies in pool.map(robot, range(2)) for reply in replies]
+    for reply in replies:
+        np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
+    finished = [reply for reply in replies if reply.get("text_done")]
+    assert finished
+    for reply in finished:
+        np.testing.assert_array_equal(reply["text_tokens"], alone["text_tokens"])

@@ -15,6 +15,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from oxygen_jax import config
+from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import UserError
 from oxygen_jax.params import PARAMS_DTYPES, load_params
@@ -201,7 +202,7 @@ def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: s
     params = load_params(
         model_config, config.checkpoint_for(cfg, checkpoint_dir), seed=seed, dtype=params_dtype
     )
-    return Engine(params, model_config)
+    return Engine(params, model_config, mesh=mesh.mesh_from_spec(cfg.engine.mesh))
 
 
 def build_tokenizer(cfg, tokenizer_path: str | None = None) -> Tokenizer:

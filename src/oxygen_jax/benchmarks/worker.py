@@ -16,6 +16,7 @@ import ml_collections
 from oxygen_jax import config
 from oxygen_jax.benchmarks import modes, roofline
 from oxygen_jax.benchmarks.spec import RunSpec, observation
+from oxygen_jax.engine import mesh
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs, pi05
@@ -42,7 +43,13 @@ def build_engine(cfg: ml_collections.ConfigDict, spec: RunSpec) -> Engine:
         model_config, jax.random.key(spec.seed), stacked=False, dtype=model_config.dtype
     )
     params = jax.block_until_ready(params)  # init's time and memory end here
-    return Engine(params, model_config, eos_id=-1, skip_masked_cameras=spec.skip_masked_cameras)
+    return Engine(
+        params,
+        model_config,
+        eos_id=-1,
+        skip_masked_cameras=spec.skip_masked_cameras,
+        mesh=mesh.mesh_from_spec(cfg.engine.mesh),
+    )
 
 
 def reset_peak_rss() -> None:

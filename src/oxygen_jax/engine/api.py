@@ -61,6 +61,7 @@ class RuntimeEngine(Protocol):
 
     config: Pi05Config
     eos_id: int
+    data_size: int  # devices the rows split over: batches and slot counts are multiples of it
 
     def prefill(self, obs: Observation) -> PrefixCache:
         """One prefix pass over images and prompt."""

@@ -12,8 +12,10 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh
 
 from oxygen_jax.engine import api, batch_state, extension, kernels, language
+from oxygen_jax.engine import mesh as mesh_lib
 from oxygen_jax.models import pi05
 
 
@@ -33,32 +35,49 @@ class Engine:
         eos_id: int = 1,
         skip_masked_cameras: bool = True,
         kernel_policy: kernels.KernelPolicy | None = None,
+        mesh: Mesh | None = None,
     ):
         """kernel_policy: how the large dots run (default: the one for this backend and its cores).
 
         The engine runs the layers one by one over per-layer params (`pi05.runtime_layout`): a layer
         sliced out of openpi's stacked weights would be copied before every use.
+        mesh: a ("data", "model") mesh (`engine/mesh.py`) to shard over; None runs on the default device.
         """
         kernel_policy = kernel_policy or kernels.for_backend()
         self.config = dataclasses.replace(config, kernels=kernel_policy, scan_layers=False)
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
-        self.params = jax.device_put(pi05.runtime_layout(pi05.cast_params(params, config.dtype)))
+        self.mesh = mesh
+        params = pi05.runtime_layout(pi05.cast_params(params, config.dtype))
+        self.params = jax.device_put(params, mesh and mesh_lib.param_shardings(params, mesh))
         self.stats = EngineStats()
+        # With a mesh, observation rows are placed over its data axis on the way in and σ̂ keeps its slots
+        # there (out_shardings); XLA's partitioner shards everything in between.
+        rows_out = {"out_shardings": mesh_lib.logical_sharding(mesh, "batch")} if mesh else {}
         # Entry points are called with keywords: a signature change cannot shift which argument is
         # static or donated.
         self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
         self._denoise = jax.jit(pi05.denoise, static_argnames="config")
         self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
         self._score = jax.jit(language.score, static_argnames="config")
-        self._insert = jax.jit(batch_state.insert, donate_argnames="state")
+        self._init_state = (
+            jax.jit(
+                batch_state.init_state,
+                static_argnames=("config", "max_slots", "max_new_tokens", "prefix_len"),
+                **rows_out,
+            )
+            if mesh
+            else batch_state.init_state
+        )
+        self._insert = jax.jit(batch_state.insert, donate_argnames="state", **rows_out)
         self._decode = jax.jit(
             batch_state.decode,
             static_argnames=("config", "eos_id"),
             donate_argnames="state",
             compiler_options=dict(kernel_policy.decode_options),
+            **rows_out,
         )
-        self._evict = jax.jit(batch_state.evict, donate_argnames="state")
+        self._evict = jax.jit(batch_state.evict, donate_argnames="state", **rows_out)
         self._select_rows = jax.jit(batch_state.select_rows)
         self._extend = jax.jit(extension.extend, static_argnames="config")
 
@@ -67,9 +86,19 @@ class Engine:
         """One prefix pass. Cameras masked in every row are skipped (a third less work for LIBERO and
         DROID, which always mask one of three), unless the engine was built with skip_masked_cameras=False."""
         self.stats.prefill_calls += 1
+        skip_cameras = self.masked_cameras(obs)
         return self._prefill(
-            params=self.params, config=self.config, obs=obs, skip_cameras=self.masked_cameras(obs)
+            params=self.params, config=self.config, obs=self._place_rows(obs), skip_cameras=skip_cameras
         )
+
+    @property
+    def data_size(self) -> int:
+        """Devices the rows split over: every batch the engine sees is a multiple of it."""
+        return mesh_lib.data_size(self.mesh)
+
+    def _place_rows(self, tree):
+        """With a mesh, puts a batch (leading dim rows) over its data axis; as it is without one."""
+        return tree if self.mesh is None else mesh_lib.place_rows(tree, self.mesh)
 
     def masked_cameras(self, obs: pi05.Observation) -> tuple[str, ...]:
         if not self.skip_masked_cameras:
@@ -78,7 +107,11 @@ class Engine:
 
     def denoise(self, cache: pi05.PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
         return self._denoise(
-            params=self.params, config=self.config, cache=cache, noise=noise, num_steps=num_steps
+            params=self.params,
+            config=self.config,
+            cache=cache,
+            noise=self._place_rows(noise),
+            num_steps=num_steps,
         )
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
@@ -159,7 +192,10 @@ class Engine:
     def init_state(
         self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None
     ) -> batch_state.BatchState:
-        return batch_state.init_state(self.config, max_slots, max_new_tokens, prefix_len)
+        mesh_lib.check_divides(self.data_size, max_slots=max_slots)
+        return self._init_state(
+            config=self.config, max_slots=max_slots, max_new_tokens=max_new_tokens, prefix_len=prefix_len
+        )
 
     def prefix_len(self, obs: pi05.Observation) -> int:
         """Columns `prefill(obs)` produces: skipped cameras leave theirs out."""

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from oxygen_jax import checkpoints, config
+from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError
 from oxygen_jax.models import inputs as _inputs
@@ -370,7 +371,7 @@ def create_policy(
     tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
     pipeline = robot_pipeline(cfg, norm_stats, _FittingPrompt(tokenizer), default_prompt=default_prompt)
     return Policy(
-        Engine(params, model_config, eos_id=tokenizer.eos_id),
+        Engine(params, model_config, eos_id=tokenizer.eos_id, mesh=mesh.mesh_from_spec(cfg.engine.mesh)),
         RobotIO(found.raw_spec, pipeline, model_config),
         tokenizer,
         num_steps=num_steps or cfg.num_steps,

@@ -11,18 +11,21 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from oxygen_jax.engine import mesh
 from oxygen_jax.engine.api import RuntimeEngine, SlotInsert
 from oxygen_jax.engine.batch_state import BatchState, state_bytes
 from oxygen_jax.models.pi05 import PrefixCache
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult
 
 
-def bucket(n: int, limit: int) -> int:
-    """Smallest power of two >= n (capped at limit): the padded batch size for n rows."""
+def bucket(n: int, limit: int, multiple: int = 1) -> int:
+    """Smallest power of two >= n (capped at limit), rounded up to a multiple of `multiple` (the
+    mesh's data axis, so rows split evenly over its devices): the padded batch size for n rows."""
     size = 1
     while size < n:
         size *= 2
-    return max(n, min(size, limit))
+    size = max(n, min(size, limit))
+    return -(-size // multiple) * multiple
 
 
 @dataclasses.dataclass
@@ -42,6 +45,7 @@ class KVCacheManager:
         max_new_tokens: int,
         detokenize: Callable[[np.ndarray], str] | None = None,
     ):
+        mesh.check_divides(engine.data_size, max_slots=max_slots)
         self.engine = engine
         self.max_slots = max_slots
         self.max_new_tokens = max_new_tokens
@@ -49,7 +53,11 @@ class KVCacheManager:
         self.prefix_len = engine.config.prefix_len
         self.state: BatchState = engine.init_state(max_slots, max_new_tokens)
         self._slot_request: list[TextRequest | None] = [None] * max_slots
-        self._free = collections.deque(range(max_slots))
+        # Slots split over the data axis in contiguous blocks, one per device; each device keeps its
+        # own free list and a new request goes to the least loaded one.
+        self.shards = engine.data_size
+        block = max_slots // self.shards
+        self._free = [collections.deque(range(d * block, (d + 1) * block)) for d in range(self.shards)]
         self._queue: collections.deque[_Pending] = collections.deque()
         self._streamed = np.zeros(max_slots, np.int64)
         self._status: dict[int, RequestStatus] = {}
@@ -58,7 +66,18 @@ class KVCacheManager:
     # --- request table ---
     @property
     def active(self) -> int:
-        return self.max_slots - len(self._free)
+        return self.max_slots - self.free_slots
+
+    @property
+    def free_slots(self) -> int:
+        return sum(len(free) for free in self._free)
+
+    def shard_load(self) -> list[int]:
+        """Occupied slots per device of the data axis."""
+        return [self.max_slots // self.shards - len(free) for free in self._free]
+
+    def _take_slot(self) -> int:
+        return max(self._free, key=len).popleft()
 
     @property
     def queued(self) -> int:
@@ -110,9 +129,9 @@ class KVCacheManager:
     def admit(self, frame: int) -> None:
         """Moves queued requests (FIFO) into free slots, one bucketed insert per source cache."""
         groups: dict[int, list[tuple[_Pending, int]]] = {}
-        while self._queue and self._free:
+        while self._queue and self.free_slots:
             pending = self._queue.popleft()
-            slot = self._free.popleft()
+            slot = self._take_slot()
             groups.setdefault(id(pending.cache), []).append((pending, slot))
         for entries in groups.values():
             self._insert(entries, frame)
@@ -124,7 +143,7 @@ class KVCacheManager:
 
     def _insert(self, entries: list[tuple[_Pending, int]], frame: int) -> None:
         """One insert of a bucketed batch: the padding rows repeat row 0 and go into no slot."""
-        pad = bucket(len(entries), self.max_slots) - len(entries)
+        pad = bucket(len(entries), self.max_slots, self.shards) - len(entries)
         rows = np.array([p.row for p, _ in entries] + [0] * pad)
         cache = self.engine.select_rows(entries[0][0].cache, rows)
         inserts = [SlotInsert(slot, p.request.max_new_tokens, p.request.sampling) for p, slot in entries]
@@ -218,4 +237,6 @@ class KVCacheManager:
         padded = np.full(self.max_slots, self.max_slots)  # one compiled shape for any count
         padded[: len(slots)] = slots
         self.state = self.engine.evict(self.state, padded)
-        self._free.extend(slots)
+        block = self.max_slots // self.shards
+        for slot in slots:
+            self._free[slot // block].append(slot)

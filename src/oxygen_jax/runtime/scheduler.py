@@ -20,6 +20,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from oxygen_jax.engine import mesh
 from oxygen_jax.engine.api import RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
@@ -76,6 +77,7 @@ class FrameScheduler:
     ):
         """task_suffix_len: the columns of a task's instruction suffix (0: no task requests);
         max_frame_tasks: the most task requests one frame may carry (all its observations together)."""
+        mesh.check_divides(engine.data_size, max_prefill_batch=max_prefill_batch)
         self.engine = engine
         self.task_suffix_len = task_suffix_len
         self.max_frame_tasks = max_frame_tasks if task_suffix_len else 0
@@ -135,7 +137,7 @@ class FrameScheduler:
         """Prefill + denoise: one action chunk per input, on the host. The inputs' language requests are
         queued on the same prefix cache (`manager.admit` moves them into slots)."""
         n = len(frame_inputs)
-        size = bucket(n, self.max_prefill_batch)
+        size = bucket(n, self.max_prefill_batch, self.engine.data_size)
         rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row
         # Each row is checked and converted to the model's dtypes on its own before the rows are stacked,
         # so one row's keys or dtypes can never change how another row is read.
@@ -178,26 +180,33 @@ class FrameScheduler:
         (batch dim 1)."""
         obs = inputs.observation_from_arrays(example, self.engine.config)
         self.manager.fit_prefix(self.engine.prefix_len(obs) + self.task_suffix_len)
-        sizes = sorted({bucket(n, self.max_prefill_batch) for n in range(1, self.max_prefill_batch + 1)})
+        data = self.engine.data_size
+        sizes = sorted(
+            {bucket(n, self.max_prefill_batch, data) for n in range(1, self.max_prefill_batch + 1)}
+        )
         slots = self.manager.max_slots
         saved_policy, self.k_policy = self.k_policy, FixedK(1)
         request_id = -1
         for size in sizes:
             frame_inputs = [FrameInput(example) for _ in range(size)]
             # Enough requests on this prefill batch to exercise every insert bucket up to max_slots.
-            for n_requests in sorted({bucket(n, slots) for n in range(1, slots + 1)}):
+            for n_requests in sorted({bucket(n, slots, data) for n in range(1, slots + 1)}):
                 requests = [TextRequest(request_id - i, max_new_tokens=1) for i in range(n_requests)]
                 request_id -= n_requests
                 for i, request in enumerate(requests):
                     frame_inputs[i % size].requests.append(request)
                 self.step(frame_inputs)
                 frame_inputs = [FrameInput(example) for _ in range(size)]
-        # A queued request's compacted single-row cache, inserted later.
-        overflow = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots + 1)]
-        self.step([FrameInput(example, requests=overflow)])
-        self._drain()
+        # A queued request's cache compacted to its single row (from each prefill bucket), inserted later.
+        for size in sizes:
+            overflow = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots + 1)]
+            request_id -= slots + 1
+            self.step(
+                [FrameInput(example, requests=overflow)] + [FrameInput(example) for _ in range(size - 1)]
+            )
+            self._drain()
         if self.max_frame_tasks:
-            self._warm_up_tasks(example, sizes, request_id - slots - 1)
+            self._warm_up_tasks(example, sizes, request_id)
         self.k_policy = saved_policy
         self.frame = 0
 
@@ -209,7 +218,8 @@ class FrameScheduler:
             for n_tasks in sorted(
                 {bucket(n, self.max_frame_tasks) for n in range(1, self.max_frame_tasks + 1)}
             ):
-                for free in sorted({bucket(m, slots) for m in range(1, min(n_tasks, slots) + 1)}):
+                inserts = {bucket(m, slots, self.engine.data_size) for m in range(1, min(n_tasks, slots) + 1)}
+                for free in sorted(inserts):
                     busy = [TextRequest(request_id - i, max_new_tokens=2) for i in range(slots - free)]
                     request_id -= len(busy)
                     if busy:
