@@ -107,13 +107,18 @@ def _serving(cfg, cache_dir: str | None) -> None:
     grid = [(1, 300.0), (4, 0.0)]
     if _SERVING_SWEEP.value:
         grid = [(r, t) for r in (1, 4, 16) for t in (0.0, 100.0, 300.0)]
-    info = {"config": cfg.name, "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+    info = {
+        "config": cfg.name,
+        "backend": jax.default_backend(),
+        "device_kind": jax.devices()[0].device_kind,
+        "mesh": cfg.engine.mesh,
+    }
     out = _out_dir(info)
     results = {**info, "settings": {}}
     for robots, think_ms in tqdm.tqdm(grid, desc="serving settings"):
         setting = serving.Setting(robots, think_ms, seconds=_SERVING_SECONDS.value)
         result = serving.run_setting(engine, observations, setting, run_spec.num_steps)
-        results["settings"][setting.name] = result
+        results["settings"][setting.name] = result | {"device_bytes": worker.device_bytes()}
         _write_json(out / "serving.json", results)
     print(json.dumps(results, indent=1))
 

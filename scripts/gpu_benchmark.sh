@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Full-size pi05 ablation (random init, bf16) on one GPU, all results in one folder, in under 8 minutes.
+# Full-size pi05 ablation (random init, bf16) on one GPU, all results in one folder, in under 8 minutes;
+# on a host with several GPUs, then the serving benchmark on one GPU and on a mesh over them (scaling and
+# per-device memory: <OUT>/mesh-<mesh>/serving.json).
 #
-#   scripts/gpu_benchmark.sh [OUT_DIR]        # default: benchmarks/results/gpu-<gpu name>
+#   scripts/gpu_benchmark.sh [OUT_DIR] [MESH]  # default: benchmarks/results/gpu-<gpu name>, data:<GPUs>
 #
 # Uses .venv when its JAX sees a GPU, else creates .venv-cuda with `pip install -e ".[cuda12]"`.
 # The run is capped (BENCH_TIMEOUT_S, default 450 s); whatever finished is still reported.
@@ -35,6 +37,18 @@ timeout --signal=INT --kill-after=30 "${BENCH_TIMEOUT_S:-450}" "$PY" scripts/ben
 if [[ ! -f "$OUT/quick.json" && -f "$OUT/roofline.json" ]]; then
   echo "benchmark stopped early (status $status); reporting the runs that finished" >&2
   "$PY" scripts/benchmark.py --report_only --out="$OUT" 2>&1 | tee -a "$OUT/benchmark.log"
+fi
+
+# Scaling: the serving benchmark (R robots up to 16, in process) on one GPU, then on the mesh. Each
+# setting records every device's live bytes and its allocator's peak.
+GPUS=$("$PY" -c 'import jax; print(jax.local_device_count())')
+MESH=${2:-data:$GPUS}
+if [[ "$MESH" != "data:1" ]]; then
+  for mesh in data:1 "$MESH"; do
+    timeout --signal=INT --kill-after=30 "${BENCH_TIMEOUT_S:-450}" "$PY" scripts/benchmark.py --config=pi05 \
+      --serving --serving_sweep --serving_seconds="${SERVING_SECONDS:-10}" --mesh="$mesh" \
+      --out="$OUT/mesh-${mesh//[:,]/-}" 2>&1 | tee "$OUT/serving-${mesh//[:,]/-}.log" || status=$?
+  done
 fi
 echo "results in $OUT"
 exit "$status"

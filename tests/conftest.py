@@ -1,6 +1,7 @@
 """Shared fixtures: the golden reference data computed by upstream openpi on the tiny model."""
 
 import pathlib
+import socket
 
 import numpy as np
 import pytest
@@ -11,6 +12,12 @@ from oxygen_jax.models import inputs
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 # Four CPU devices for mesh tests; JAX reads the flag at import, so only a subprocess can take it.
 FORCED_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def golden_inputs(npz) -> dict:

@@ -32,7 +32,14 @@ def main(port: str, process_id: str, out: str) -> None:
     actions = multihost_utils.process_allgather(engine.denoise(cache, noise), tiled=True)
     text = multihost_utils.process_allgather(engine.generate(cache, 6).tokens, tiled=True)
     if jax.process_index() == 0:
-        np.savez(out, actions=actions, text=text, devices=jax.device_count(), processes=jax.process_count())
+        np.savez(
+            out,
+            actions=actions,
+            text=text,
+            noise=noise,
+            devices=jax.device_count(),
+            processes=jax.process_count(),
+        )
     jax.distributed.shutdown()
 
 

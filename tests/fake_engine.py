@@ -43,6 +43,9 @@ class FakeEngine:
             last_hidden=np.zeros((batch, 0), np.float32),
         )
 
+    def to_host(self, tree):
+        return jax.device_get(tree)
+
     def prefix_len(self, obs: Observation) -> int:
         return np.asarray(obs.tokenized_prompt_mask).shape[1]
 

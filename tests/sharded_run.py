@@ -2,7 +2,7 @@
 
 Run by tests/test_mesh.py in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=4
 (JAX reads the flag at import, so the test process itself keeps one device).
-Usage: python tests/sharded_run.py <mesh> <out.npz>
+Usage: python tests/sharded_run.py <out.npz> <mesh>...
 """
 
 import sys
@@ -94,7 +94,7 @@ def admitted_loads(engine: Engine, manager: KVCacheManager, row: dict) -> np.nda
     return np.array(loads)
 
 
-def main(mesh_spec: str, out: str) -> None:
+def main(out: str, *mesh_specs: str) -> None:
     cfg = config.model_config(config.load_config("pi05_tiny"))
     params = checkpoints.restore_params(GOLDEN / "checkpoint")
     golden = golden_inputs(np.load(GOLDEN / "model_io.npz"))
@@ -103,9 +103,11 @@ def main(mesh_spec: str, out: str) -> None:
     obs = inputs.observation_from_arrays({k: np.concatenate([r[k] for r in rows]) for k in golden}, cfg)
     noise = np.random.default_rng(0).standard_normal((ROWS, cfg.action_horizon, cfg.action_dim), np.float32)
     results = {}
-    for name, mesh in (("single", None), ("mesh", mesh_lib.mesh_from_spec(mesh_spec))):
-        engine = Engine(params, cfg, mesh=mesh)
-        outputs = engine_outputs(engine, obs, noise) | served(engine, rows, noise)
+    for name in ("single", *mesh_specs):
+        engine = Engine(params, cfg, mesh=mesh_lib.mesh_from_spec(None if name == "single" else name))
+        outputs = engine_outputs(engine, obs, noise)
+        if name != "single":  # served frames are compared with the single-device engine outputs
+            outputs |= served(engine, rows, noise)
         results |= {f"{name}/{key}": np.asarray(value) for key, value in outputs.items()}
     np.savez(out, **results)
 

@@ -69,14 +69,25 @@ def test_both_experts_shard_heads_and_mlp_and_other_params_replicate():
     assert mesh.param_logical_axes("time_mlp_out/kernel", 2) == (None, None)
 
 
-@pytest.fixture(scope="module", params=["data:4", "data:2,model:2"])
-def sharded(request, tmp_path_factory):
+MESHES = ["data:4", "data:2,model:2"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, np.ndarray]:
+    """Every output of the single-device run ("single/...") and of each mesh ("<mesh>/...")."""
     out = tmp_path_factory.mktemp("mesh") / "results.npz"
-    env = os.environ | FORCED_DEVICES
-    env["PYTHONPATH"] = os.pathsep.join([str(RUNNER.parent), *sys.path])
-    subprocess.run([sys.executable, str(RUNNER), request.param, str(out)], env=env, check=True, timeout=600)
+    env = os.environ | FORCED_DEVICES | {"PYTHONPATH": os.pathsep.join([str(RUNNER.parent), *sys.path])}
+    subprocess.run([sys.executable, str(RUNNER), str(out), *MESHES], env=env, check=True, timeout=900)
     results = np.load(out)
-    return request.param, {k: results[k] for k in results.files}
+    return {k: results[k] for k in results.files}
+
+
+@pytest.fixture(params=MESHES)
+def sharded(request, runs) -> tuple[str, dict[str, np.ndarray]]:
+    """(mesh, results) with the mesh's outputs under "mesh/..." beside "single/..."."""
+    prefix = request.param + "/"
+    mesh_results = {"mesh/" + k.removeprefix(prefix): v for k, v in runs.items() if k.startswith(prefix)}
+    return request.param, {k: v for k, v in runs.items() if k.startswith("single/")} | mesh_results
 
 
 def test_sharded_actions_equal_single_device_actions(sharded):
@@ -114,17 +125,19 @@ def test_batch_state_slots_lie_on_the_data_axis(sharded):
 
 
 def test_model_axis_splits_attention_heads(sharded):
-    spec, r = sharded
-    assert str(r["mesh/q_spec"]) == ("(None, 'model', None)" if "model" in spec else "(None, None, None)")
+    """Both meshes name the model axis (size 1 under data:4, where it splits nothing)."""
+    _, r = sharded
+    assert str(r["mesh/q_spec"]) == "(None, 'model', None)"
 
 
 def test_served_frames_on_a_mesh_equal_single_device_and_never_compile(sharded):
+    """3 frames of robots 0-2 (each frame's actions and text are the engine's on those rows)."""
     _, r = sharded
-    scale = np.abs(r["single/served_actions"]).max()
-    np.testing.assert_allclose(
-        r["mesh/served_actions"], r["single/served_actions"], rtol=0, atol=1e-5 * scale
-    )
-    np.testing.assert_array_equal(r["mesh/served_text"], r["single/served_text"])
+    actions, text = r["single/actions"][:3], r["single/text"][:3]
+    scale = np.abs(actions).max()
+    for frame_actions in r["mesh/served_actions"]:
+        np.testing.assert_allclose(frame_actions, actions, rtol=0, atol=1e-5 * scale)
+    np.testing.assert_array_equal(r["mesh/served_text"], np.concatenate([text] * 3))
     assert int(r["mesh/served_compiles"]) == 0
 
 

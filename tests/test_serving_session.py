@@ -5,7 +5,6 @@ import itertools
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import websockets.sync.client
-from conftest import FORCED_DEVICES, GOLDEN
+from conftest import FORCED_DEVICES, GOLDEN, free_port
 from test_policy import E2E, TOKENIZER, make_policy, raw_observation
 
 from oxygen_jax.engine.compile_counter import CompileCounter
@@ -199,12 +198,6 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
         assert stayer.infer(client_observation(1))["text_done"] is False
         assert manager.active == 1
     session.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextlib.contextmanager

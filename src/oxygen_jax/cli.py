@@ -7,10 +7,12 @@ unless told otherwise).
 
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import jax
 from absl import app, flags
 from ml_collections import config_flags
 
@@ -29,6 +31,11 @@ def _shown(holder: flags.FlagHolder) -> flags.FlagHolder:
     """Lists a flag defined here in the running script's `--help`."""
     flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[holder.name])
     return holder
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def define_config_flag(default: str) -> flags.FlagHolder:
@@ -195,6 +202,25 @@ def define_out_flag(default: str | None, what: str) -> flags.FlagHolder:
     return _shown(flags.DEFINE_string("out", default, what))
 
 
+MESH = flags.DEFINE_string(
+    "mesh",
+    None,
+    "Devices to shard over, as config engine.mesh: 'data:4' (rows and language slots split over 4 "
+    "devices) or 'data:2,model:2' (and heads/MLP split over 2); default: one device.",
+)
+COORDINATOR = flags.DEFINE_string(
+    "coordinator_address",
+    os.environ.get("JAX_COORDINATOR_ADDRESS"),
+    "Multi-host: host:port of process 0 (env JAX_COORDINATOR_ADDRESS); starts jax.distributed.",
+)
+NUM_PROCESSES = flags.DEFINE_integer(
+    "num_processes", _env_int("JAX_NUM_PROCESSES"), "Multi-host: processes in all (env JAX_NUM_PROCESSES)."
+)
+PROCESS_ID = flags.DEFINE_integer(
+    "process_id", _env_int("JAX_PROCESS_ID"), "Multi-host: this process's index (env JAX_PROCESS_ID)."
+)
+
+
 def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: str | None = None) -> Engine:
     """An engine on an openpi checkpoint (the config's own when none is given), or on a random-initialized
     model when neither exists."""
@@ -210,14 +236,24 @@ def build_tokenizer(cfg, tokenizer_path: str | None = None) -> Tokenizer:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ before parsing;
-    a bad flag value ends the script with a one-line error."""
+    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ and `--mesh=X` to
+    `--config.engine.mesh=X` before parsing, then joins the other hosts (`--coordinator_address`) and
+    checks the mesh against the devices; a bad flag value ends the script with a one-line error."""
     try:
-        rewritten = [
-            "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
-            for arg in argv
-        ]
-        return flags.FLAGS(rewritten)
+        rewritten = []
+        for arg in argv:
+            name, _, value = arg.partition("=")
+            rewritten.append("--config=" + config.config_path(value) if name == "--config" else arg)
+            if name == "--mesh" and "config" in flags.FLAGS:
+                rewritten.append("--config.engine.mesh=" + value)
+        remaining = flags.FLAGS(rewritten)
+        if COORDINATOR.value:
+            jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
+        if MESH.value:
+            mesh.parse_mesh(MESH.value)
+        return remaining
+    except mesh.MeshError as error:
+        fail(str(error))
     except (flags.Error, UserError) as error:
         fail(f"{error} (see --help)")
     except (AttributeError, KeyError) as error:  # ml_collections' answer to an unknown override path

@@ -110,6 +110,8 @@ def run(cfg: ml_collections.ConfigDict, spec: RunSpec, cache_dir: str | None = N
         "compiles_after_warmup": sum(e["compiles_after_warmup"] for e in ends),
         "peak_memory_bytes": sum(e["peak_memory_bytes"] for e in ends),
         "live_bytes_peak": sum(e["live_bytes_peak"] for e in ends),
+        "mesh": cfg.engine.mesh,
+        "device_bytes": [e["device_bytes"] for e in ends],  # per process, per device
         "param_bytes": sum(i["param_bytes"] for i in infos),
         "state_bytes": sum(i.get("state_bytes", 0) for i in infos),
         # 1-minute load average at start and end: other jobs on the machine distort CPU timings.

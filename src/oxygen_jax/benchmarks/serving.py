@@ -102,7 +102,8 @@ def run_mode(engine: Engine, observations: list, mode: str, setting: Setting, nu
     """One mode at one setting: warm up (compiled shapes are reused across calls), serve the robots for
     `setting.seconds`, return the metrics."""
     language = mode != "action_only"
-    slots = setting.robots if language else 0
+    data = engine.data_size  # slots split evenly over the mesh's data axis
+    slots = -(-setting.robots // data) * data if language else 0
     manager = KVCacheManager(engine, slots, setting.max_new)
     scheduler = FrameScheduler(
         engine, manager, FixedK(1), num_steps=num_steps, max_prefill_batch=setting.max_batch

@@ -5,6 +5,7 @@ schedules are rebuilt here from the spec, so nothing heavy crosses the pipe. One
 full-size forward) run the same way and send one dict.
 """
 
+import collections
 import contextlib
 import multiprocessing.connection
 import pathlib
@@ -64,6 +65,22 @@ def live_bytes() -> int:
     return sum(a.nbytes for a in jax.live_arrays())
 
 
+def device_bytes() -> dict[str, dict[str, int]]:
+    """Per device: bytes of the live array shards it holds (params, caches, σ̂: what a mesh splits) and,
+    where the backend reports them (GPU), its allocator's in-use and peak bytes."""
+    held = collections.Counter()
+    for array in jax.live_arrays():
+        for shard in array.addressable_shards:
+            held[shard.device] += shard.data.nbytes
+    out = {}
+    for device in jax.local_devices():
+        stats = device.memory_stats() or {}
+        out[str(device)] = {"live_bytes": held[device]} | {
+            key: stats[key] for key in ("bytes_in_use", "peak_bytes_in_use") if key in stats
+        }
+    return out
+
+
 def serve(
     conn: multiprocessing.connection.Connection,
     cfg: ml_collections.ConfigDict,
@@ -101,6 +118,7 @@ def serve(
             "compiles_after_warmup": counter.count,
             "peak_memory_bytes": metrics.peak_memory_bytes(),
             "live_bytes_peak": peak_live,
+            "device_bytes": device_bytes(),
         }
     )
 

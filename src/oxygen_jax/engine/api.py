@@ -9,7 +9,7 @@ one place (`insert_columns`).
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import jax
 import numpy as np
@@ -65,6 +65,9 @@ class RuntimeEngine(Protocol):
 
     def prefill(self, obs: Observation) -> PrefixCache:
         """One prefix pass over images and prompt."""
+
+    def to_host(self, tree: Any) -> Any:
+        """Device arrays as numpy on this host (gathered across processes on a multi-host mesh)."""
 
     def prefix_len(self, obs: Observation) -> int:
         """Columns `prefill(obs)` produces."""

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from oxygen_jax.engine import api, batch_state, extension, kernels, language
@@ -95,6 +96,13 @@ class Engine:
     def data_size(self) -> int:
         """Devices the rows split over: every batch the engine sees is a multiple of it."""
         return mesh_lib.data_size(self.mesh)
+
+    @staticmethod
+    def to_host(tree):
+        """Device arrays as numpy; on a mesh across processes, each process gets the whole arrays."""
+        if all(x.is_fully_addressable for x in jax.tree.leaves(tree)):
+            return jax.device_get(tree)
+        return multihost_utils.process_allgather(tree, tiled=True)
 
     def _place_rows(self, tree):
         """With a mesh, puts a batch (leading dim rows) over its data axis; as it is without one."""

@@ -8,7 +8,6 @@ import collections
 import dataclasses
 from collections.abc import Callable
 
-import jax
 import numpy as np
 
 from oxygen_jax.engine import mesh
@@ -165,7 +164,7 @@ class KVCacheManager:
         if not self.active:
             return []
         # One device-to-host transfer per frame for everything harvesting reads.
-        done, n_generated, tokens, logprobs = jax.device_get(
+        done, n_generated, tokens, logprobs = self.engine.to_host(
             (self.state.done, self.state.n_generated, self.state.tokens, self.state.logprobs)
         )
         finished, free_slots = [], []
@@ -200,9 +199,11 @@ class KVCacheManager:
                 return True
         for slot, request in enumerate(self._slot_request):
             if request is not None and request.request_id == request_id:
-                n = int(np.asarray(self.state.n_generated)[slot])
-                tokens = np.asarray(self.state.tokens)[slot, :n]
-                logprobs = np.asarray(self.state.logprobs)[slot, :n]
+                n_generated, tokens, logprobs = self.engine.to_host(
+                    (self.state.n_generated, self.state.tokens, self.state.logprobs)
+                )
+                n = int(n_generated[slot])
+                tokens, logprobs = tokens[slot, :n], logprobs[slot, :n]
                 self._finish(slot, tokens, logprobs, "cancelled", frame)
                 self._evict([slot])
                 return True

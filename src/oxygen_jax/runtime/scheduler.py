@@ -20,7 +20,6 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from oxygen_jax.engine import mesh
 from oxygen_jax.engine.api import RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
@@ -77,7 +76,6 @@ class FrameScheduler:
     ):
         """task_suffix_len: the columns of a task's instruction suffix (0: no task requests);
         max_frame_tasks: the most task requests one frame may carry (all its observations together)."""
-        mesh.check_divides(engine.data_size, max_prefill_batch=max_prefill_batch)
         self.engine = engine
         self.task_suffix_len = task_suffix_len
         self.max_frame_tasks = max_frame_tasks if task_suffix_len else 0
@@ -146,7 +144,7 @@ class FrameScheduler:
         obs = jax.tree.map(lambda *column: np.concatenate(column), *[observations[r] for r in rows])
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
         cache = self.engine.prefill(obs)
-        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps))[:n]
+        actions = self.engine.to_host(self.engine.denoise(cache, noise, self.num_steps))[:n]
         queued = [(request, cache, row) for row, item in enumerate(frame_inputs) for request in item.requests]
         tasks = [
             (request, suffix, row) for row, item in enumerate(frame_inputs) for request, suffix in item.tasks
