@@ -13,6 +13,7 @@ from conftest import GOLDEN, golden_inputs
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh as mesh_lib
+from oxygen_jax.engine.api import SlotInsert
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
@@ -36,9 +37,7 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
     text = engine.generate(cache, TEXT)
     sampled = engine.generate(cache, TEXT, temperature=1.0, seed=3)
     state = engine.init_state(ROWS, TEXT, cache.mask.shape[1])
-    state = engine.insert(
-        state, cache, np.arange(ROWS), np.full(ROWS, TEXT), np.zeros(ROWS), np.ones(ROWS), np.arange(ROWS)
-    )
+    state = engine.insert(state, cache, [SlotInsert(slot=i, max_new_tokens=TEXT) for i in range(ROWS)])
     state = engine.decode(state, TEXT)
     return {
         "k": cache.k,
@@ -51,7 +50,7 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
         "state_tokens_spec": spec(state.tokens),
         "state_keys_spec": spec(state.keys),
         "cache_k_spec": spec(cache.k),
-        "q_spec": spec(engine.params["PaliGemma"]["llm"]["layers"][0]["attn"]["q_einsum"]["w"]),
+        "q_spec": spec(engine.params["PaliGemma"]["llm"]["layers_0"]["attn"]["q_einsum"]["w"]),
     }
 
 

@@ -55,12 +55,12 @@ def test_buckets_are_multiples_of_the_data_axis():
 
 
 def test_both_experts_shard_heads_and_mlp_and_other_params_replicate():
-    assert mesh.param_logical_axes("PaliGemma/llm/layers/0/attn/q_einsum_1/w", 3) == (
+    assert mesh.param_logical_axes("PaliGemma/llm/layers_0/attn/q_einsum_1/w", 3) == (
         "embed",
         "heads",
         "head_dim",
     )
-    assert mesh.param_logical_axes("PaliGemma/llm/layers/0/mlp/linear", 2) == ("mlp", "embed")
+    assert mesh.param_logical_axes("PaliGemma/llm/layers_0/mlp/linear", 2) == ("mlp", "embed")
     assert mesh.param_logical_axes("PaliGemma/img/Transformer/encoderblock/MlpBlock_0/Dense_0/kernel", 3) == (
         "layers",
         "embed",
