@@ -298,6 +298,7 @@ def test_serve_script_takes_config_overrides(tmp_path_factory):
         assert process.wait(timeout=30) == 0
 
 
+@pytest.mark.timeout(300)  # two meshes' programs to compile before the server answers
 def test_serve_script_round_trip_on_a_2x2_mesh(tmp_path_factory):
     """Two robots against serve.py on a data:2,model:2 mesh get openpi's actions and the text the
     single-device policy decodes."""

@@ -236,21 +236,21 @@ def build_tokenizer(cfg, tokenizer_path: str | None = None) -> Tokenizer:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ and `--mesh=X` to
-    `--config.engine.mesh=X` before parsing, then joins the other hosts (`--coordinator_address`) and
-    checks the mesh against the devices; a bad flag value ends the script with a one-line error."""
+    """absl flags parser that maps `--config=<name>` to its file in oxygen_jax/configs/ before parsing,
+    then joins the other hosts (`--coordinator_address`), checks `--mesh` against the devices and sets it
+    as the config's engine.mesh; a bad flag value ends the script with a one-line error."""
     try:
-        rewritten = []
-        for arg in argv:
-            name, _, value = arg.partition("=")
-            rewritten.append("--config=" + config.config_path(value) if name == "--config" else arg)
-            if name == "--mesh" and "config" in flags.FLAGS:
-                rewritten.append("--config.engine.mesh=" + value)
+        rewritten = [
+            "--config=" + config.config_path(arg.split("=", 1)[1]) if arg.startswith("--config=") else arg
+            for arg in argv
+        ]
         remaining = flags.FLAGS(rewritten)
         if COORDINATOR.value:
             jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
         if MESH.value:
             mesh.parse_mesh(MESH.value)
+            if "config" in flags.FLAGS:
+                flags.FLAGS.config.engine.mesh = MESH.value
         return remaining
     except mesh.MeshError as error:
         fail(str(error))

@@ -55,8 +55,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.engine.max_new_tokens = 30
     c.engine.temperature = 0.0
     c.engine.top_p = 1.0
-    # Devices to shard over (engine/mesh.py): None = the default device; "data:4", "data:2,model:2".
-    c.engine.mesh = ml_collections.FieldReference(None, field_type=str)
+    # Devices to shard over (engine/mesh.py): "" = the default device; "data:4", "data:2,model:2".
+    c.engine.mesh = ""
     c.training = training_defaults()
     return c
 
