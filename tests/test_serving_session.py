@@ -313,8 +313,13 @@ def test_serve_script_round_trip_on_a_2x2_mesh(tmp_path_factory):
     with serve_script(tmp_path_factory.mktemp("serve"), *flags, env=FORCED_DEVICES) as (_, port):
 
         def robot(_: int) -> list[dict]:
+            """Observations until the robot's first language request reports done (at most 50)."""
             client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-            return [client.infer(golden_observation()) for _ in range(4)]
+            replies = [client.infer(golden_observation())]
+            while not replies[-1].get("text_done") and len(replies) < 50:
+                time.sleep(0.05)
+                replies.append(client.infer(golden_observation()))
+            return replies
 
         with ThreadPoolExecutor(2) as pool:
             replies = [reply for replies in pool.map(robot, range(2)) for reply in replies]
