@@ -68,6 +68,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def check_episode(episode: dict, steps: int, replan_steps: int) -> None:
     assert episode["success"] is False  # Random weights do not transfer cubes.
     assert episode["max_reward"] == 0.0
+    if "physics_error" in episode:  # random weights may also throw the arms out of the simulation
+        assert episode["physics_error"].startswith(f"physics diverged at step {episode['steps']}:")
+        steps = episode["steps"]
     assert episode["steps"] == steps
     assert episode["control_hz"] > 0
     replans = -(-steps // replan_steps)
@@ -160,6 +163,24 @@ def test_observation_is_the_openpi_aloha_request():
     # 640x480 -> 224x168 with 28 black rows above and below, as openpi's resize_with_pad.
     assert (image[:, :28] == 0).all() and (image[:, 28:196] == 200).all() and (image[:, 196:] == 0).all()
     np.testing.assert_array_equal(obs["state"], np.arange(14))
+
+
+class WildPolicy(StandInPolicy):
+    """Commands NaN joint positions (what openpi's gripper transform makes of a random model's
+    out-of-range gripper actions)."""
+
+    def infer(self, obs: dict) -> dict:
+        return {"actions": np.full((10, 14), np.nan, np.float32)}
+
+
+def test_diverging_physics_ends_the_episode_not_the_evaluation(simulator, tmp_path):
+    settings = aloha_sim.Settings(task="AlohaInsertion-v0", episodes=2, max_steps=50, save_video=False)
+    results = aloha_sim.evaluate(WildPolicy(), settings, tmp_path, {"kind": "local"})
+    assert len(results["episodes"]) == 2
+    for episode in results["episodes"]:
+        assert episode["success"] is False and episode["steps"] < 50
+        assert episode["physics_error"].startswith(f"physics diverged at step {episode['steps']}:")
+    assert json.loads((tmp_path / "results.json").read_text())["summary"]["episodes"] == 2
 
 
 def test_chunker_replans_every_replan_steps():

@@ -126,6 +126,8 @@ def _run_episode(
     target: float,
     out_dir: pathlib.Path,
 ) -> dict:
+    from dm_control.rl.control import PhysicsError  # gym-aloha's physics; present whenever `env` is
+
     seed = settings.seed + episode
     try:
         gym_obs, _ = env.reset(seed=seed)
@@ -133,7 +135,7 @@ def _run_episode(
         raise requirements.SetupError(rendering.renderer_hint(error)) from error
     chunker.reset()
     frames, replans = [], []
-    best = 0.0
+    best, physics_error = 0.0, None
     meter = pacing.RateMeter()
     for step in console.progress(range(settings.max_steps), f"episode {episode}", leave=False):
         if settings.save_video:
@@ -143,7 +145,12 @@ def _run_episode(
             replans.append(replan)
             if replan.text is not None:
                 console.echo(f"  step {step}: {replan.text!r}")
-        gym_obs, reward, terminated, truncated, _ = env.step(np.asarray(action, np.float64))
+        try:
+            gym_obs, reward, terminated, truncated, _ = env.step(np.asarray(action, np.float64))
+        except PhysicsError as error:  # a policy's wild actions end its episode, not the evaluation
+            physics_error = f"physics diverged at step {step}: {error}"
+            console.echo(f"  {physics_error}")
+            break
         meter.tick()
         best = max(best, float(reward))
         if best >= target or terminated or truncated:
@@ -151,6 +158,8 @@ def _run_episode(
     chunker.end_episode()
     record = {"episode": episode, "seed": seed, "success": best >= target, "max_reward": best}
     record.update(records.episode_record(replans, meter))
+    if physics_error is not None:
+        record["physics_error"] = physics_error
     if settings.save_video:
         path = out_dir / "videos" / f"episode_{episode:03d}.mp4"
         record["video"] = str(video.write_video(path, frames, CONTROL_HZ).relative_to(out_dir))
