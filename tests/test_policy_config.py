@@ -8,6 +8,7 @@ from conftest import GOLDEN
 from test_policy import ACTIONS_ATOL, E2E, TOKENIZER, raw_observation
 
 from oxygen_jax import config
+from oxygen_jax.errors import ConfigError
 from oxygen_jax.policies import normalization, policy_config
 
 pytestmark = pytest.mark.timeout(120)
@@ -99,5 +100,5 @@ def test_unsupported_openpi_arguments_are_one_line_errors(kwargs, message):
 
 
 def test_unknown_config_name_is_refused():
-    with pytest.raises(FileNotFoundError, match="no config named 'pi0_aloha_sim'"):
+    with pytest.raises(ConfigError, match="no config named 'pi0_aloha_sim'"):
         policy_config.create_trained_policy(OpenpiTrainConfig("pi0_aloha_sim"), CHECKPOINT)
