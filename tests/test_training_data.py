@@ -10,6 +10,7 @@ from oxygen_jax import config
 from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.policies import normalization
 from oxygen_jax.tokenizer import Tokenizer
+from oxygen_jax.training import table_demo
 from oxygen_jax.training.data import from_config
 from oxygen_jax.training.data.examples import append_target
 from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset
@@ -26,14 +27,7 @@ def _record(root, num_scenes=2, frames=4, seed=0):
     scenes = []
     for scene, _ in zip(table_scenes.scenes(seed), range(num_scenes), strict=False):
         for step in range(frames):
-            obs = scene.observation(step)
-            frame = {
-                "observation.image": obs["observation/image"],
-                "observation.state": obs["observation/state"],
-                "action": scene.gripper(step + 1),
-                "subtask": scene.subtask,
-            }
-            writer.add_frame(frame, task=scene.prompt)
+            writer.add_frame(table_demo.frame(scene, step), task=scene.prompt)
         writer.save_episode()
         scenes.append(scene)
     return scenes

@@ -28,16 +28,20 @@ def record_dataset(root: str | pathlib.Path, num_scenes: int, seed: int = TRAIN_
     for _ in tqdm.trange(num_scenes, desc="recording demo episodes", unit="episode"):
         scene = next(scenes)
         for step in range(table_scenes.STEPS + 1):
-            obs = scene.observation(step)
-            frame = {
-                "observation.image": obs["observation/image"],
-                "observation.state": obs["observation/state"],
-                "action": scene.gripper(step + 1),
-                "subtask": scene.subtask,
-            }
-            writer.add_frame(frame, task=scene.prompt)
+            writer.add_frame(frame(scene, step), task=scene.prompt)
         writer.save_episode()
     return writer.root
+
+
+def frame(scene: Any, step: int) -> dict[str, Any]:
+    """One dataset frame of a scene: its image, the gripper position as state, the next one as action."""
+    obs = scene.observation(step)
+    return {
+        "observation.image": obs["observation/image"],
+        "observation.state": obs["observation/state"],
+        "action": scene.gripper(step + 1),
+        "subtask": scene.subtask,
+    }
 
 
 def evaluate(policy: Any, num_scenes: int, seed: int = HELD_OUT_SEED) -> dict[str, Any]:
