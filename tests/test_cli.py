@@ -96,3 +96,20 @@ def test_run_shows_layout_drain_and_token_ids(tmp_path):
     assert "token ids are shown" in run.stdout
     assert re.search(r"request 0 \(length, 6 tokens\): \[\d+(, \d+){5}\]", run.stdout)
     assert "Unable to initialize backend" not in run.stderr
+
+
+def test_mesh_flag_reaches_configs_loaded_by_name():
+    """serve.py and the evaluation scripts load their config by name with the command line's overrides:
+    `--mesh` must be among them, not only set on the parsed config."""
+    snippet = (
+        "import sys\n"
+        "from oxygen_jax import cli\n"
+        "model = cli.define_model_flags('pi05_tiny')\n"
+        "cli.parse_flags(sys.argv)\n"
+        "print(sorted(model.config_overrides().items()))\n"
+    )
+    args = ["--config=pi05_tiny", "--mesh=data:1", "--config.engine.max_slots=3"]
+    command = [sys.executable, "-c", snippet, *args]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[('engine.max_slots', 3), ('engine.mesh', 'data:1')]"

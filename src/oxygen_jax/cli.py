@@ -68,8 +68,10 @@ class ModelFlags:
         return config_flags.get_config_filename(flags.FLAGS[self.config.name])
 
     def config_overrides(self) -> dict[str, Any]:
-        """The `--config.x=...` overrides, flattened."""
-        return config_flags.get_override_values(flags.FLAGS[self.config.name])
+        """The `--config.x=...` overrides, flattened, with `--mesh` as engine.mesh (APIs that load the
+        config by name apply these, so the mesh must be among them)."""
+        overrides = config_flags.get_override_values(flags.FLAGS[self.config.name])
+        return {**overrides, "engine.mesh": MESH.value} if MESH.value else overrides
 
 
 def define_model_flags(default_config: str, checkpoint_help: str | None = None) -> ModelFlags:
