@@ -120,6 +120,8 @@ def _serving(cfg, cache_dir: str | None) -> None:
         result = serving.run_setting(engine, observations, setting, run_spec.num_steps)
         results["settings"][setting.name] = result | {"device_bytes": worker.device_bytes()}
         _write_json(out / "serving.json", results)
+    if path := plots.serving(results, out):
+        print(f"wrote {path}")
     print(json.dumps(results, indent=1))
 
 

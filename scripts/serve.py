@@ -16,7 +16,8 @@ from different connections that arrive within `--gather_ms` (or as soon as every
 in) are prefilled together, up to `--max_batch`, and each reply leaves as soon as its actions are ready.
 Each robot's language request (`--max_text_tokens` > 0) decodes in a batch of `--max_slots` requests:
 with `--loop=async` (default) in chunks whenever no observation waits, each chunk short enough that an
-arriving observation waits at most `--max_action_delay_ms`; with `--loop=frame` (the paper's frame loop)
+arriving observation waits at most `--max_action_delay_ms` (and `--k` tokens between two batches when
+robots call back to back); with `--loop=frame` (the paper's frame loop)
 `--k` tokens per frame (or as many as `--target_hz` leaves time for) before the frame's replies. Replies
 carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and websocket clients of `/text`
 on the same port receive every robot's tokens as they are produced. The first request compiles every
@@ -148,6 +149,7 @@ def main(_):
             loop=_LOOP.value,
             gather_s=_GATHER_MS.value / 1e3,
             max_text_tasks=_MAX_TEXT_TASKS.value,
+            owed_k=_DECODE.k.value if _LOOP.value == "async" else None,
         )
         backend = SessionServerBackend(session)
     logging.info("serving metadata: %s", backend.metadata)

@@ -234,3 +234,21 @@ def test_device_loop_replies_before_any_decode_then_finishes_the_text_while_idle
     assert calls_at_reply == [("prefill", 1), ("denoise", 1)]  # the actions left before any language
     assert results[0].tokens.tolist() == [7, 8, 9, 10, 11]
     assert [call for call in engine.calls if call[0] == "decode"] == [("decode", 2)] * 3
+
+
+def test_device_loop_owed_chunk_between_batches_takes_owed_k_then_the_policy_decides(engine):
+    """With no idle time (robots calling back to back) the chunk owed between two batches is what the frame
+    loop would decode (`owed_k`); idle-time chunks take the k policy's size."""
+    scheduler = FrameScheduler(engine, KVCacheManager(engine, 2, MAX_NEW), FixedK(4), max_prefill_batch=1)
+    loop = DeviceLoop(scheduler, owed_k=1).start()
+    done = threading.Event()
+    request = TextRequest(0, MAX_NEW, on_done=lambda result: done.set())
+    shape = (1, engine.config.action_horizon, engine.config.action_dim)
+    work = FrameInput(_arrays(engine.config, 7), noise=np.zeros(shape), requests=[request])
+    loop.submit(ObservationWork(work, lambda reply: None))
+    assert done.wait(10), "the text never finished although the device was idle"
+    loop.stop()
+    decodes = [call for call in engine.calls if call[0] == "decode"]
+    assert decodes == [("decode", 1), ("decode", 4), ("decode", 4)]  # 6 tokens: 1, then 4 + 1
+    with pytest.raises(ValueError, match="owed_k must be >= 1"):
+        DeviceLoop(scheduler, owed_k=0)

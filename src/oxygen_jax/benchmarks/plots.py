@@ -169,6 +169,39 @@ def roofline(roof: dict, out: pathlib.Path) -> pathlib.Path:
     return _save(fig, out / "roofline.png")
 
 
+SERVING_METRICS = (
+    ("action_latency_ms_p99", "action latency p99 (ms)"),
+    ("text_latency_ms_p50", "text latency p50 (ms)"),
+    ("tokens_per_s", "finished text tokens/s"),
+)
+
+
+def serving(results: dict, out: pathlib.Path) -> pathlib.Path | None:
+    """`--serving` results against the robots' think time T: one row per number of robots R, one column
+    per metric, one line per mode (drawn when some R has more than one T)."""
+    by_robots: dict[int, list[dict]] = {}
+    for setting in results["settings"].values():
+        by_robots.setdefault(setting["setting"]["robots"], []).append(setting)
+    robots = sorted(r for r, group in by_robots.items() if len(group) > 1)
+    if not robots:
+        return None
+    fig, axes = plt.subplots(len(robots), len(SERVING_METRICS), figsize=(12, 3 * len(robots)), squeeze=False)
+    for row, r in zip(axes, robots, strict=True):
+        group = sorted(by_robots[r], key=lambda s: s["setting"]["think_ms"])
+        for ax, (metric, name) in zip(row, SERVING_METRICS, strict=True):
+            for mode in group[0]["modes"]:
+                points = [
+                    (s["setting"]["think_ms"], s["modes"][mode][metric])
+                    for s in group
+                    if s["modes"][mode][metric] is not None
+                ]
+                if points and not (metric != "action_latency_ms_p99" and mode == "action_only"):
+                    ax.plot(*zip(*points, strict=True), marker="o", label=mode)
+            ax.set(xlabel="robot think time T (ms)", ylabel=name, title=f"R={r}")
+            ax.legend(fontsize=8)
+    return _save(fig, out / "serving.png")
+
+
 def write_all(runs: list[dict], roof: dict, out: pathlib.Path) -> list[pathlib.Path]:
     drawn = [
         speedup_vs_n_k(runs, out),

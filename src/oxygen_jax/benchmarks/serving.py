@@ -119,6 +119,7 @@ def run_mode(engine: Engine, observations: list, mode: str, setting: Setting, nu
         mode="frame" if mode == "frame" else "async",
         gather_s=setting.gather_ms / 1e3,
         expected_senders=lambda: setting.robots,
+        owed_k=setting.frame_k,
     ).start()
     robots = [_Robot(i, loop, observations, setting, language) for i in range(setting.robots)]
     start = time.perf_counter()

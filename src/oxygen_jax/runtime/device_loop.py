@@ -11,7 +11,9 @@ is idle between their requests. `DeviceLoop` takes two classes of work from othe
   running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks; and at
   least one chunk between two batches of observations, so robots that call back to back cannot starve
   language. k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
-  it allows), so an observation that arrives during a chunk waits at most that chunk.
+  it allows), so an observation that arrives during a chunk waits at most that chunk; the chunk owed
+  between two batches takes `owed_k` steps when set (the frame loop's k: with no idle time, the loop
+  then spends what the frame loop spends on language, and no more).
 
 `mode="frame"` is the paper's frame loop driven by arrivals: each gathered batch runs one whole
 `FrameScheduler.step` (actions, then decode(k)) before its replies leave, and language advances only in
@@ -93,16 +95,21 @@ class DeviceLoop:
         mode: str = "async",
         gather_s: float = 0.0,
         expected_senders: Callable[[], int] = lambda: 1,
+        owed_k: int | None = None,
     ):
         """gather_s: how long the first waiting observation may wait for others to be prefilled with it;
         expected_senders(): how many distinct senders to expect (a batch starts as soon as that many have
-        an observation in)."""
+        an observation in); owed_k: decode steps of the chunk owed between two batches (None: the k
+        policy's choice)."""
+        if owed_k is not None and owed_k < 1:
+            raise ValueError(f"owed_k must be >= 1, got {owed_k}")
         if mode not in MODES:
             raise ValueError(f"loop must be one of {MODES}, got {mode!r}")
         self.scheduler = scheduler
         self.mode = mode
         self.gather_s = gather_s
         self.expected_senders = expected_senders
+        self.owed_k = owed_k
         self.stats = DeviceLoopStats()
         self._cond = threading.Condition()
         self._waiting: list[ObservationWork] = []
@@ -178,7 +185,7 @@ class DeviceLoop:
                 self._observe(payload)
                 self._chunk_owed = True
             else:
-                self._decode_chunk()
+                self._decode_chunk(*payload)
 
     def _next(self) -> tuple[_Step, list]:
         """The next piece of work by priority: calls, the decode chunk owed since the last batch, a
@@ -193,14 +200,14 @@ class DeviceLoop:
                 language = self.mode == "async" and bool(manager.active or manager.queued)
                 if language and self._chunk_owed and not self._closed:
                     self._chunk_owed = False  # back-to-back observations never starve language
-                    return _Step.DECODE, []
+                    return _Step.DECODE, [self.owed_k]
                 if self._waiting and (self._closed or self._gathered(now)):
                     batch = self._waiting[: self.max_batch]
                     del self._waiting[: len(batch)]
                     return _Step.OBSERVE, batch
                 if language and not self._closed:
                     self._chunk_owed = False
-                    return _Step.DECODE, []
+                    return _Step.DECODE, [None]
                 if self._closed and not self._waiting:
                     return _Step.EXIT, []
                 timeout = self._waiting[0].received + self.gather_s - now if self._waiting else None
@@ -254,10 +261,11 @@ class DeviceLoop:
             logger.exception("an observation failed on its own")
             return None, error
 
-    def _decode_chunk(self) -> None:
+    def _decode_chunk(self, k: int | None) -> None:
+        """One chunk of `k` steps (None: the k policy's choice)."""
         scheduler = self.scheduler
         scheduler.manager.admit(scheduler.frame)
-        k = scheduler.k_policy.choose()
+        k = scheduler.k_policy.choose() if k is None else k
         start = time.perf_counter()
         chunk = scheduler.advance(k)
         chunk_s = time.perf_counter() - start

@@ -109,12 +109,14 @@ class MultiRobotSession:
         loop: str = "async",
         gather_s: float = 0.0,
         max_text_tasks: int = 0,
+        owed_k: int | None = None,
     ) -> None:
         """max_slots: language requests decoded together (more wait in the admission queue);
         max_batch: observations prefilled together; loop: "async" or "frame" (`DeviceLoop` modes);
         gather_s: how long a first waiting observation waits for the other known robots' ones;
         max_text_tasks: the most `text_tasks` one request may carry (0: none; else the batch state
-        reserves room for a task's instruction and warm-up compiles the extension shapes)."""
+        reserves room for a task's instruction and warm-up compiles the extension shapes); owed_k: the
+        async loop's decode steps between two batches of observations (`DeviceLoop`)."""
         self._policy = policy
         language = policy.max_text_tokens > 0
         # The session is `Policy.infer` batched over robots: it reuses the Policy's own transforms, tokenizer,
@@ -134,7 +136,11 @@ class MultiRobotSession:
         )
         self._max_text_tasks = max_text_tasks if language else 0
         self._loop = DeviceLoop(
-            self._scheduler, mode=loop, gather_s=gather_s, expected_senders=lambda: len(self._robot_ids)
+            self._scheduler,
+            mode=loop,
+            gather_s=gather_s,
+            expected_senders=lambda: len(self._robot_ids),
+            owed_k=owed_k,
         )
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(seed)

@@ -1,0 +1,69 @@
+"""scripts/benchmark.py --serving on pi05_tiny: every setting and mode is recorded with the fields the
+docs name, action_only serves no language, the language modes start texts; the plot draws the sweep.
+Counts and fields only: timings on a shared CI machine mean nothing."""
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from oxygen_jax.benchmarks import plots, serving
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FIELDS = (
+    "action_latency_ms_p50",
+    "action_latency_ms_p99",
+    "text_latency_ms_p50",
+    "tokens_per_s",
+    "idle_decode_tokens_per_s",
+    "own_text_fraction",
+    "busy_fraction",
+)
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    out = tmp_path_factory.mktemp("serving")
+    cmd = [
+        sys.executable,
+        str(ROOT / "scripts" / "benchmark.py"),
+        "--serving",
+        "--config=pi05_tiny",
+        "--serving_seconds=2",
+        f"--out={out}",
+        f"--jax_cache_dir={out / 'xla'}",
+    ]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
+    return json.loads((out / "serving.json").read_text())
+
+
+def test_every_setting_and_mode_has_the_documented_fields(result):
+    assert set(result["settings"]) == {"R1_T300", "R4_T0"}
+    for name, setting in result["settings"].items():
+        assert set(setting["modes"]) == set(serving.MODES), name
+        for mode, record in setting["modes"].items():
+            assert all(field in record for field in FIELDS), (name, mode)
+            assert record["observations"] > 0 and record["action_latency_ms_p50"] > 0, (name, mode)
+        assert all(device["live_bytes"] > 0 for device in setting["device_bytes"].values()), name
+
+
+def test_only_the_language_modes_serve_text(result):
+    for name, setting in result["settings"].items():
+        modes = setting["modes"]
+        assert modes["action_only"]["tokens_per_s"] == 0 and modes["action_only"]["own_text_fraction"] == 0
+        for mode in ("frame", "async"):
+            assert modes[mode]["own_text_fraction"] > 0, (name, mode)
+
+
+def test_plot_draws_latency_and_tokens_against_think_time(result, tmp_path):
+    assert plots.serving(result, tmp_path) is None  # one think time per robot count: nothing to draw
+    sweep = copy.deepcopy(result)
+    longer = copy.deepcopy(sweep["settings"]["R1_T300"])
+    longer["setting"]["think_ms"] = 600.0
+    sweep["settings"]["R1_T600"] = longer
+    path = plots.serving(sweep, tmp_path)
+    assert path == tmp_path / "serving.png" and path.stat().st_size > 10_000
