@@ -169,6 +169,7 @@ def roofline(roof: dict, out: pathlib.Path) -> pathlib.Path:
     return _save(fig, out / "roofline.png")
 
 
+SERVING_COLOURS = {"action_only": "tab:gray", "frame": "tab:blue", "async": "tab:orange"}
 SERVING_METRICS = (
     ("action_latency_ms_p99", "action latency p99 (ms)"),
     ("text_latency_ms_p50", "text latency p50 (ms)"),
@@ -196,7 +197,9 @@ def serving(results: dict, out: pathlib.Path) -> pathlib.Path | None:
                     if s["modes"][mode][metric] is not None
                 ]
                 if points and not (metric != "action_latency_ms_p99" and mode == "action_only"):
-                    ax.plot(*zip(*points, strict=True), marker="o", label=mode)
+                    ax.plot(
+                        *zip(*points, strict=True), marker="o", label=mode, color=SERVING_COLOURS.get(mode)
+                    )
             ax.set(xlabel="robot think time T (ms)", ylabel=name, title=f"R={r}")
             ax.legend(fontsize=8)
     return _save(fig, out / "serving.png")
