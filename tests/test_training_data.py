@@ -191,3 +191,43 @@ def test_prefetched_items_keep_their_order_and_a_producer_error_reaches_the_cons
     with pytest.raises(DatasetError, match="not a readable parquet file"):
         next(stream)
     assert list(prefetch(iter(range(3)))) == [0, 1, 2]
+
+
+def test_recorded_aloha_frames_train_as_the_served_observation(tmp_path):
+    """ALOHA observations are nested with CHW cameras; recordings store them under "/"-joined keys as HWC.
+    A train example of a recorded frame must equal what serving makes of the observation itself."""
+    import ml_collections
+
+    from oxygen_jax.evaluation.recording import recorded_frame
+    from oxygen_jax.policies.policy import robot, robot_pipeline
+    from oxygen_jax.policies.robot_io import RobotIO
+
+    cfg = config.load_config("pi05_tiny")
+    cfg.robot = "aloha"
+    cfg.model.max_token_len = 96  # the prompt carries 14 discretized state values
+    cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
+    cfg.data = ml_collections.ConfigDict(
+        dict(
+            repack=(*(f"images/{c}=images/{c}" for c in cams), "state=state"),
+            actions="action",
+            subtask="text",
+        )
+    )
+    rng = np.random.default_rng(0)
+    obs = {
+        "images": {c: rng.integers(0, 256, (3, 48, 64), dtype=np.uint8) for c in cams},
+        "state": rng.uniform(-1, 1, 14).astype(np.float32),
+        "prompt": "fold the towel",
+    }
+    writer = LeRobotWriter(tmp_path / "aloha", fps=50, robot_type="aloha")
+    writer.add_frame(recorded_frame(obs, rng.uniform(-1, 1, 14), "grasp the corner"), task=obs["prompt"])
+    writer.save_episode()
+
+    examples = from_config.train_examples(cfg, str(tmp_path / "aloha"), norm_stats=None)
+    example = examples.example(0)
+    model_config = config.model_config(cfg)
+    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    served = RobotIO(robot(cfg).raw_spec, robot_pipeline(cfg, None, tokenizer), model_config).inputs(obs)
+    for key in ("state", *(k for k in served if k.startswith(("image/", "image_mask/")))):
+        np.testing.assert_array_equal(example[key], served[key], err_msg=key)
+    assert example["token_loss_mask"].sum() > 0  # the recorded text is the subtask target

@@ -50,6 +50,18 @@ class RawSpec:
     vectors: Mapping[Path, int]
     channels_first_only: bool = False
 
+    def nested(self, flat: Mapping[str, Any]) -> dict[str, Any]:
+        """A raw observation from flat "/"-joined keys, as recordings store it: a key that names one of the
+        spec's paths goes to that path (its images back to CHW for a channels-first robot); other keys
+        stay as they are."""
+        paths = {_name(path): path for path in (*self.cameras, *self.vectors)}
+        raw: dict[Path, Any] = {}
+        for key, value in flat.items():
+            path = paths.get(key, (key,))
+            hwc = self.channels_first_only and path in self.cameras and np.shape(value)[-1:] == (3,)
+            raw[path] = np.moveaxis(np.asarray(value), -1, 0) if hwc else value
+        return traverse_util.unflatten_dict(raw)
+
 
 @dataclasses.dataclass(frozen=True)
 class RobotIO:

@@ -20,6 +20,7 @@ from flax import traverse_util
 
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies import transforms
+from oxygen_jax.policies.robot_io import RawSpec
 from oxygen_jax.tokenizer import Tokenizer
 from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset, decode_image
 from oxygen_jax.training.data.prefetch import prefetch
@@ -106,29 +107,42 @@ def append_target(
 
 
 class TrainExamples:
-    """Model-level train examples of a `FrameSource` through a robot pipeline (normalization included)."""
+    """Model-level train examples of a `FrameSource` through a robot pipeline (normalization included).
+
+    With the robot's `RawSpec`, "/"-joined column keys of nested observations (ALOHA's `images/cam_high`,
+    as the evaluation CLIs record them) are nested again before the transforms."""
 
     def __init__(
-        self, source: FrameSource, pipeline: transforms.Pipeline, tokenizer: Tokenizer, config: Pi05Config
+        self,
+        source: FrameSource,
+        pipeline: transforms.Pipeline,
+        tokenizer: Tokenizer,
+        config: Pi05Config,
+        raw_spec: RawSpec | None = None,
     ) -> None:
         self.source = source
         self.pipeline = pipeline
         self.tokenizer = tokenizer
         self.config = config
+        self.raw_spec = raw_spec
 
     def __len__(self) -> int:
         return len(self.source)
 
     def robot_data(self, i: int) -> dict:
         """Frame `i` after the robot transforms only (what norm stats are computed on)."""
-        raw = self.source.frame(i)
-        raw.pop("subtask", None)
+        raw, _ = self._raw(i)
         return self.pipeline.data_inputs(raw)
+
+    def _raw(self, i: int) -> tuple[dict, str | None]:
+        """Frame `i` as the raw observation its robot sends (with `actions`), and its subtask text."""
+        raw = self.source.frame(i)
+        subtask = raw.pop("subtask", None)
+        return (self.raw_spec.nested(raw) if self.raw_spec else raw), subtask
 
     def example(self, i: int, *, with_text: bool = True) -> dict[str, np.ndarray]:
         """Frame `i` as model-level arrays; `with_text` appends its subtask (when the data has one)."""
-        raw = self.source.frame(i)
-        subtask = raw.pop("subtask", None)
+        raw, subtask = self._raw(i)
         data = traverse_util.flatten_dict(self.pipeline.inputs(raw), sep="/")
         out = {key: np.asarray(data[key]) for key in _model_keys(self.config)}
         ids, mask = out["tokenized_prompt"].astype(np.int32), out["tokenized_prompt_mask"].astype(bool)

@@ -4,7 +4,7 @@ from collections.abc import Mapping
 
 from oxygen_jax import config
 from oxygen_jax.policies.normalization import NormStats
-from oxygen_jax.policies.policy import robot_pipeline
+from oxygen_jax.policies.policy import robot, robot_pipeline
 from oxygen_jax.tokenizer import Tokenizer
 from oxygen_jax.training.data.examples import Columns, FrameSource, TrainExamples
 from oxygen_jax.training.data.lerobot import LeRobotDataset
@@ -29,7 +29,8 @@ def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | 
         keep_decoded=cfg.data.get("keep_decoded", False),
     )
     tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
-    return TrainExamples(source, robot_pipeline(cfg, norm_stats, tokenizer), tokenizer, model_config)
+    pipeline = robot_pipeline(cfg, norm_stats, tokenizer)
+    return TrainExamples(source, pipeline, tokenizer, model_config, robot(cfg).raw_spec)
 
 
 def dataset_norm_stats(cfg, dataset_dir: str) -> dict[str, NormStats]:
