@@ -41,10 +41,10 @@ def get_config():
     # the subtask text loss on, the flow loss over the table robot's 2 action dims.
     t = c.training
     t.batch_size = 32
-    t.num_train_steps = 1500
+    t.num_train_steps = 1200
     t.peak_lr = 1e-3
     t.warmup_steps = 100
-    t.decay_steps = 1500
+    t.decay_steps = 1200
     t.decay_lr = 1e-4
     t.ema_decay = None
     t.text_loss_weight = 1.0
@@ -58,7 +58,7 @@ def get_config():
     c.data.actions = "action"
     c.data.subtask = "subtask"
     # Share of train examples that carry their subtask text (the others train actions on the prompt alone).
-    c.data.text_fraction = 0.75
+    c.data.text_fraction = 0.5
     # The demo dataset is small: decode its images once instead of every epoch.
     c.data.keep_decoded = True
     return c
