@@ -10,6 +10,9 @@ import pytest
 
 from oxygen_jax.benchmarks import multitask
 
+# ~50 s of script run: slow. One prefill per observation for several tasks is also counted in the
+# default run by tests/test_text_tasks.py.
+pytestmark = pytest.mark.slow
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODE_FIELDS = ("action_hz", "tokens_per_s", "frame_ms_mean", "observations", "tokens", "engine_calls")
 FRAMES = 2

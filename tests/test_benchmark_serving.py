@@ -2,7 +2,6 @@
 docs name, action_only serves no language, the language modes start texts; the plot draws the sweep.
 Counts and fields only: timings on a shared CI machine mean nothing."""
 
-import copy
 import json
 import pathlib
 import subprocess
@@ -25,7 +24,7 @@ FIELDS = (
 
 
 @pytest.fixture(scope="module")
-def result(tmp_path_factory):
+def result(tmp_path_factory):  # ~70 s: the tests that run the script are slow
     out = tmp_path_factory.mktemp("serving")
     cmd = [
         sys.executable,
@@ -41,6 +40,7 @@ def result(tmp_path_factory):
     return json.loads((out / "serving.json").read_text())
 
 
+@pytest.mark.slow
 def test_every_setting_and_mode_has_the_documented_fields(result):
     assert set(result["settings"]) == {"R1_T300", "R4_T0"}
     for name, setting in result["settings"].items():
@@ -51,6 +51,7 @@ def test_every_setting_and_mode_has_the_documented_fields(result):
         assert all(device["live_bytes"] > 0 for device in setting["device_bytes"].values()), name
 
 
+@pytest.mark.slow
 def test_only_the_language_modes_serve_text(result):
     for name, setting in result["settings"].items():
         modes = setting["modes"]
@@ -59,11 +60,21 @@ def test_only_the_language_modes_serve_text(result):
             assert modes[mode]["own_text_fraction"] > 0, (name, mode)
 
 
-def test_plot_draws_latency_and_tokens_against_think_time(result, tmp_path):
-    assert plots.serving(result, tmp_path) is None  # one think time per robot count: nothing to draw
-    sweep = copy.deepcopy(result)
-    longer = copy.deepcopy(sweep["settings"]["R1_T300"])
-    longer["setting"]["think_ms"] = 600.0
-    sweep["settings"]["R1_T600"] = longer
+def _setting(robots: int, think_ms: float) -> dict:
+    modes = {
+        mode: {
+            "action_latency_ms_p99": 400.0 + think_ms,
+            "text_latency_ms_p50": None if mode == "action_only" else 500.0,
+            "tokens_per_s": 0.0 if mode == "action_only" else 10.0 + think_ms / 10,
+        }
+        for mode in serving.MODES
+    }
+    return {"setting": {"robots": robots, "think_ms": think_ms}, "modes": modes}
+
+
+def test_plot_draws_latency_and_tokens_against_think_time(tmp_path):
+    one_each = {"settings": {"R1_T300": _setting(1, 300.0), "R4_T0": _setting(4, 0.0)}}
+    assert plots.serving(one_each, tmp_path) is None  # one think time per robot count: nothing to draw
+    sweep = {"settings": {f"R1_T{t:g}": _setting(1, t) for t in (0.0, 100.0, 300.0)}}
     path = plots.serving(sweep, tmp_path)
     assert path == tmp_path / "serving.png" and path.stat().st_size > 10_000

@@ -104,6 +104,7 @@ def test_cli_local_episode_writes_results_and_video(simulator, tmp_path):
     assert frames[0].shape == (480, 640, 3)
 
 
+@pytest.mark.slow  # ~35 s; the local episode covers the loop, test_serve_openpi the ALOHA server
 def test_cli_remote_episode_through_the_server(simulator, tmp_path):
     pytest.importorskip("openpi_client.websocket_client_policy")
     from oxygen_jax.policies.policy import create_policy

@@ -102,6 +102,7 @@ def test_uint8_images_equal_their_float_conversion(model_io, tiny_config):
         np.testing.assert_allclose(a.images[k], b.images[k], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow  # ~50 s; task texts from one prefill are tested in-process by test_text_tasks.py
 def test_text_tasks_decode_from_the_extended_prefix(
     tmp_path, obs_file, golden_params, tiny_config, golden_obs
 ):

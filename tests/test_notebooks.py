@@ -143,6 +143,7 @@ def _tiny_benchmark_results(out: pathlib.Path, cache: pathlib.Path) -> str:
     return f"recorded results ({len(recorded)} files)"
 
 
+@pytest.mark.slow  # ~2 min; the benchmark code it drives is tested by test_benchmark.py
 @pytest.mark.timeout(1800)
 def test_benchmarks_notebook_runs(kernel, monkeypatch, tmp_path):
     out = tmp_path / "results"
