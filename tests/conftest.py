@@ -2,6 +2,8 @@
 
 import pathlib
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +14,15 @@ from oxygen_jax.models import inputs
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 # Four CPU devices for mesh tests; JAX reads the flag at import, so only a subprocess can take it.
 FORCED_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
+def run_benchmark(out: pathlib.Path, *flags: str) -> None:
+    """scripts/benchmark.py with `flags`, writing to `out` with its own compilation cache; fails the test
+    with the script's stderr when it fails."""
+    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    cmd = [sys.executable, str(script), *flags, f"--out={out}", f"--jax_cache_dir={out / 'xla'}"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-4000:]
 
 
 def free_port() -> int:

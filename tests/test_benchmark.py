@@ -5,14 +5,12 @@ Timings on a shared CI machine mean nothing here; the tests check what the bench
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
+from conftest import run_benchmark
 
 from oxygen_jax.benchmarks import spec, sweeps
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUN_FIELDS = (
     "frame_ms_mean",
     "frame_ms_p50",
@@ -31,19 +29,14 @@ RUN_FIELDS = (
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "benchmark.py"),
+    run_benchmark(
+        out,
         "--config=pi05_tiny",
         "--sweeps=ablation,n_k",
         "--max_text_tokens=5",
         "--k=5",
         "--frames=2",
-        f"--out={out}",
-        f"--jax_cache_dir={out / 'xla'}",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stderr[-4000:]
+    )
     return out
 
 

@@ -2,18 +2,15 @@
 prefills (counted engine calls, not time: timings on a shared CI machine mean nothing)."""
 
 import json
-import pathlib
-import subprocess
-import sys
 
 import pytest
+from conftest import run_benchmark
 
 from oxygen_jax.benchmarks import multitask
 
 # ~50 s of script run: slow. One prefill per observation for several tasks is also counted in the
 # default run by tests/test_text_tasks.py.
 pytestmark = pytest.mark.slow
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 MODE_FIELDS = ("action_hz", "tokens_per_s", "frame_ms_mean", "observations", "tokens", "engine_calls")
 FRAMES = 2
 
@@ -21,19 +18,14 @@ FRAMES = 2
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):
     out = tmp_path_factory.mktemp("multitask")
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "benchmark.py"),
+    run_benchmark(
+        out,
         "--multitask",
         "--config=pi05_tiny",
         f"--multitask_frames={FRAMES}",
         "--multitask_seconds=2",
         "--multitask_think_ms=50",
-        f"--out={out}",
-        f"--jax_cache_dir={out / 'xla'}",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stderr[-4000:]
+    )
     return json.loads((out / "multitask.json").read_text())
 
 

@@ -3,15 +3,12 @@ docs name, action_only serves no language, the language modes start texts; the p
 Counts and fields only: timings on a shared CI machine mean nothing."""
 
 import json
-import pathlib
-import subprocess
-import sys
 
 import pytest
+from conftest import run_benchmark
 
 from oxygen_jax.benchmarks import plots, serving
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 FIELDS = (
     "action_latency_ms_p50",
     "action_latency_ms_p99",
@@ -26,17 +23,12 @@ FIELDS = (
 @pytest.fixture(scope="module")
 def result(tmp_path_factory):  # ~70 s: the tests that run the script are slow
     out = tmp_path_factory.mktemp("serving")
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "benchmark.py"),
+    run_benchmark(
+        out,
         "--serving",
         "--config=pi05_tiny",
         "--serving_seconds=2",
-        f"--out={out}",
-        f"--jax_cache_dir={out / 'xla'}",
-    ]
-    run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
-    assert run.returncode == 0, run.stderr[-4000:]
+    )
     return json.loads((out / "serving.json").read_text())
 
 
