@@ -1,6 +1,6 @@
 """Write the demo table task's training data as a LeRobot dataset (what `pi05_demo` is trained on).
 
-  python scripts/make_demo_dataset.py --out=data/table_demo --scenes=400
+  python scripts/make_demo_dataset.py --out=data/table_demo
   python scripts/train.py --config=pi05_demo --dataset=data/table_demo --run_dir=runs/pi05_demo
 
 Each scene is one episode: the gripper moving straight to the cube the prompt names, with the true
@@ -13,7 +13,9 @@ from oxygen_jax import cli
 from oxygen_jax.training import table_demo
 
 _OUT = flags.DEFINE_string("out", None, "New folder for the dataset.", required=True)
-_SCENES = flags.DEFINE_integer("scenes", 400, "Episodes (one scene each).", lower_bound=1)
+_SCENES = flags.DEFINE_integer(
+    "scenes", table_demo.TRAIN_SCENES, "Episodes, one scene each (the shipped model's).", lower_bound=1
+)
 _SEED = flags.DEFINE_integer("seed", table_demo.TRAIN_SEED, "Scene seed (held-out scenes use another).")
 
 

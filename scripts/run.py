@@ -81,15 +81,16 @@ def _layout_line(engine, stream_frame: dict, prefix_len: int) -> str:
     )
 
 
-def _print_texts(texts: list, random_model: bool, scenes: list[str]) -> None:
-    """The first finished texts; `scenes` (table scenes: prompt and true subtask per frame) beside them."""
+def _print_texts(texts: list, random_model: bool, scenes: list[table_scenes.Scene]) -> None:
+    """The first finished texts; `scenes` (table scenes, one per frame) give their prompt and true subtask."""
     if random_model and texts:
         print("random-initialized model: its text is noise, so token ids are shown (pass --checkpoint_dir)")
     for result in texts[: _PRINT_TEXT.value]:
         shown = result.tokens.tolist() if random_model else repr(result.text)
         print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {shown}")
         if scenes:
-            print(f"  scene: {scenes[result.arrival_frame]}")
+            scene = scenes[result.arrival_frame]
+            print(f"  scene: {scene.prompt!r}, true subtask {scene.subtask!r}")
 
 
 def main(_):
@@ -112,11 +113,11 @@ def main(_):
         max_prefill_batch=1,
         seed=_SEED.value,
     )
-    truths: list[str] = []  # per frame of a table-scene stream: the scene's prompt and true subtask
+    scenes: list[table_scenes.Scene] = []  # per frame of a table-scene stream
     if recorded:
         stream = recorded
     elif cfg.get("robot") == "table":
-        stream = _table_frames(cfg, truths)
+        stream = _table_frames(cfg, scenes)
     else:
         stream = observations.synthetic_stream(
             engine.config, tokenizer, _PROMPT.value, _SEED.value, observations.LAYOUTS[_LAYOUT.value]
@@ -131,7 +132,7 @@ def main(_):
     print(f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}; warming up...")
     first = next(stream)
     scheduler.warmup(first)
-    first_frame = len(truths)  # frames the warm-up took
+    first_frame = len(scenes)  # frames the warm-up took
     print(_layout_line(engine, first, manager.prefix_len))
     print(f"{manager.max_slots} slots x {max_new} tokens: batch state {manager.state_bytes / 2**20:.1f} MiB")
     stats, texts, arrived = metrics.RunStats(), [], 0
@@ -182,8 +183,13 @@ def main(_):
         "peak_memory_bytes": metrics.peak_memory_bytes(),
         "state_bytes": manager.state_bytes,
     }
+    scenes = scenes[first_frame:]
+    if scenes and texts:
+        # The share of finished requests that said their scene's true subtask (a trained demo model: 1.0).
+        said = [t.text == scenes[t.arrival_frame].subtask for t in texts]
+        summary["subtask_exact_match"] = float(np.mean(said))
     random_model = config.checkpoint_for(cfg, _MODEL.checkpoint_dir.value) is None
-    _print_texts(texts, random_model, truths[first_frame:])
+    _print_texts(texts, random_model, scenes)
     report(summary)
 
 
@@ -194,10 +200,10 @@ def report(summary: dict) -> None:
             json.dump(summary, f, indent=1)
 
 
-def _table_frames(cfg, truths: list[str]):
-    """Rendered table scenes as model frames, noting each scene's prompt and true subtask."""
+def _table_frames(cfg, scenes: list[table_scenes.Scene]):
+    """Rendered table scenes as model frames, noting each scene in `scenes`."""
     for scene, frame in table_scenes.model_stream(cfg, _MODEL.checkpoint_dir.value, _SEED.value):
-        truths.append(f"{scene.prompt!r}, true subtask {scene.subtask!r}")
+        scenes.append(scene)
         yield frame
 
 

@@ -98,6 +98,21 @@ def test_run_shows_layout_drain_and_token_ids(tmp_path):
     assert "Unable to initialize backend" not in run.stderr
 
 
+def test_main_job_says_each_scenes_true_subtask(tmp_path):
+    """The README's main job (run.py on its default, the shipped pi05_demo): every finished request says
+    the true subtask of the rendered scene it arrived on, and the printout shows both."""
+    out = tmp_path / "summary.json"
+    run = _script("run", "--frames=8", f"--out={out}")
+    assert run.returncode == 0, run.stderr
+    summary = json.loads(out.read_text())
+    assert summary["config"] == "pi05_demo"
+    assert summary["requests_completed"] == summary["requests_arrived"] > 0
+    assert summary["subtask_exact_match"] == 1.0
+    printed = r"request 0 \(eos, \d+ tokens\): '(.+)'\n  scene: '.+', true subtask '(.+)'"
+    said, truth = re.search(printed, run.stdout).groups()
+    assert said == truth and said.startswith("reach the ")
+
+
 def test_mesh_flag_reaches_configs_loaded_by_name():
     """serve.py and the evaluation scripts load their config by name with the command line's overrides:
     `--mesh` must be among them, not only set on the parsed config."""

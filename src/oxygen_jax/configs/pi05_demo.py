@@ -41,10 +41,10 @@ def get_config():
     # the subtask text loss on, the flow loss over the table robot's 2 action dims.
     t = c.training
     t.batch_size = 32
-    t.num_train_steps = 1200
-    t.peak_lr = 1e-3
-    t.warmup_steps = 100
-    t.decay_steps = 1200
+    t.num_train_steps = 3500
+    t.peak_lr = 1.5e-3
+    t.warmup_steps = 200
+    t.decay_steps = 3500
     t.decay_lr = 1e-4
     t.ema_decay = None
     t.text_loss_weight = 1.0

@@ -19,8 +19,10 @@ COLOURS = {
     "blue": (45, 85, 215),
     "yellow": (235, 205, 40),
 }
-# Slot -> (x of its centre, the words the subtask uses).
-SLOTS = {"left": (0.2, "on the left"), "middle": (0.5, "in the middle"), "right": (0.8, "on the right")}
+# Slot -> (x of its centre, the words the subtask uses). The left and right cubes stay inside the outer
+# quarters of the image and the middle cube inside the inner half, whatever their jitter.
+SLOTS = {"left": (0.125, "on the left"), "middle": (0.5, "in the middle"), "right": (0.875, "on the right")}
+_X_JITTER = 0.03
 GRIPPER_START = np.array([0.5, 0.85], np.float32)
 # Moves of the gripper from its start to the cube; an episode shows every position on the way.
 STEPS = 5
@@ -72,7 +74,7 @@ class Scene:
 
 def random_scene(rng: np.random.Generator) -> Scene:
     colours = tuple(str(c) for c in rng.choice(list(COLOURS), size=3, replace=False))
-    x = np.array([centre for centre, _ in SLOTS.values()]) + rng.uniform(-0.06, 0.06, 3)
+    x = np.array([centre for centre, _ in SLOTS.values()]) + rng.uniform(-_X_JITTER, _X_JITTER, 3)
     y = rng.uniform(0.2, 0.45, 3)
     return Scene(colours, np.stack([x, y], axis=1).astype(np.float32), int(rng.integers(3)))
 
@@ -88,11 +90,11 @@ def render(scene: Scene, gripper: np.ndarray) -> np.ndarray:
     """uint8 [224, 224, 3]: the table, the three cubes and the gripper as a dark ring."""
     image = np.broadcast_to(_TABLE, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
     grid = (np.arange(IMAGE_SIZE) + 0.5) / IMAGE_SIZE
-    ys, xs = np.meshgrid(grid, grid, indexing="ij")
     for colour, (cx, cy) in zip(scene.colours, scene.positions, strict=True):
-        inside = (np.abs(xs - cx) <= _CUBE_HALF) & (np.abs(ys - cy) <= _CUBE_HALF)
-        image[inside] = COLOURS[colour]
-    distance = np.hypot(xs - gripper[0], ys - gripper[1])
+        rows = np.abs(grid - cy) <= _CUBE_HALF
+        columns = np.abs(grid - cx) <= _CUBE_HALF
+        image[np.ix_(rows, columns)] = COLOURS[colour]
+    distance = np.hypot(grid[None, :] - gripper[0], grid[:, None] - gripper[1])
     image[(distance <= _GRIPPER_RADIUS) & (distance >= _GRIPPER_RADIUS * 0.55)] = (30, 30, 30)
     return image
 

@@ -15,6 +15,8 @@ from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
 
 FPS = 10
+# Episodes the shipped model was trained on (`scripts/make_demo_dataset.py`'s default).
+TRAIN_SCENES = 4000
 # Seeds of the scene streams: held-out scenes never appear in training data.
 TRAIN_SEED = 0
 HELD_OUT_SEED = 1_000_003

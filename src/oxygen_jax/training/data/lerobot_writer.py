@@ -1,8 +1,8 @@
 """Episodes written as a LeRobot v2.0 dataset (the layout `lerobot.LeRobotDataset` reads, openpi trains on).
 
 Features are taken from the first frame: uint8 [H, W, 3] arrays become PNG images stored in the parquet,
-other arrays float32 vectors, strings string columns (e.g. a per-frame subtask). The metadata files are
-rewritten after every episode, so an interrupted recording stays a readable dataset.
+other arrays float32 vectors, strings string columns (e.g. a per-frame subtask). The metadata is brought up
+to date after every episode, so an interrupted recording stays a readable dataset.
 """
 
 import io
@@ -119,7 +119,9 @@ class LeRobotWriter:
             "video_path": None,
             "features": features,
         }
+        # One line per episode appended (rewriting them all would make a long recording quadratic).
+        with (meta / "episodes.jsonl").open("a") as episodes:
+            episodes.write(json.dumps(self._episodes[-1]) + "\n")
         (meta / "info.json").write_text(json.dumps(info, indent=2))
-        (meta / "episodes.jsonl").write_text("".join(json.dumps(e) + "\n" for e in self._episodes))
         tasks = [{"task_index": i, "task": t} for t, i in self._tasks.items()]
         (meta / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
