@@ -20,11 +20,13 @@ from conftest import FORCED_DEVICES, GOLDEN, free_port
 from test_policy import E2E, TOKENIZER, make_policy, raw_observation
 
 from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
+from oxygen_jax.training import table_demo
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
@@ -202,17 +204,21 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
 
 @contextlib.contextmanager
 def serve_script(
-    log_dir: pathlib.Path, *flags: str, golden: bool = True, env: dict[str, str] | None = None
+    log_dir: pathlib.Path,
+    *flags: str,
+    golden: bool = True,
+    env: dict[str, str] | None = None,
+    model: tuple[str, ...] = ("--env=libero", "--config=pi05_tiny"),
 ) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`scripts/serve.py` on the tiny config in a subprocess, until it answers /healthz; on the golden
-    checkpoint and tokenizer unless `golden` is False (then random-initialized); `env` adds variables."""
+    """`scripts/serve.py` on the `model` flags (the tiny config) in a subprocess, until it answers
+    /healthz; on the golden checkpoint and tokenizer unless `golden` is False (then the config's own
+    checkpoint, else random-initialized); `env` adds variables."""
     port = free_port()
     checkpoint = [f"--checkpoint_dir={GOLDEN / 'checkpoint'}", f"--tokenizer_path={TOKENIZER}"]
     command = [
         sys.executable,
         str(SERVE),
-        "--env=libero",
-        "--config=pi05_tiny",
+        *model,
         *(checkpoint if golden else []),
         f"--port={port}",
         "--max_text_tokens=0",  # openpi's server: actions only (text is the config's default otherwise)
@@ -280,6 +286,24 @@ def test_serve_script_names_a_malformed_request_while_another_client_continues(g
     assert len(results) == 5
     for actions in results:
         np.testing.assert_allclose(actions, E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
+
+
+def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its_cube(tmp_path):
+    """`serve.py --config=pi05_demo` (its shipped checkpoint, streamed language): a table robot sending
+    held-out scenes gets each scene's true subtask over its replies and actions near the true chunk."""
+    scenes = table_scenes.scenes(table_demo.HELD_OUT_SEED)
+    demo = ("--config=pi05_demo",)
+    with serve_script(tmp_path, "--max_text_tokens=12", golden=False, model=demo) as (_, port):
+        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        for _ in range(3):
+            scene = next(scenes)
+            for _ in range(20):
+                reply = client.infer(scene.observation(0))
+                if reply.get("text_done"):
+                    break
+            assert reply["text"] == scene.subtask
+            errors = (reply["actions"] - scene.action_chunk(0, len(reply["actions"]))) ** 2
+            assert errors.mean() < 0.02, errors.mean()
 
 
 def test_serve_script_exits_cleanly_on_sigterm(golden_server):
