@@ -50,7 +50,7 @@ class LeRobotWriter:
         self.robot_type = robot_type
         self.features: dict[str, dict[str, Any]] | None = None
         self._tasks: dict[str, int] = {}
-        self._episodes: list[dict[str, Any]] = []
+        self._num_episodes = 0
         self._frames: list[dict[str, Any]] = []
         self._total_frames = 0
 
@@ -67,7 +67,7 @@ class LeRobotWriter:
         """Writes the current episode's parquet file and the metadata; returns the episode index."""
         if not self._frames:
             raise ValueError("save_episode without frames")
-        episode = len(self._episodes)
+        episode = self._num_episodes
         columns: dict[str, list[Any]] = {name: [] for name in [*self.features, *INDEX_COLUMNS]}
         tasks = []
         for i, item in enumerate(self._frames):
@@ -90,13 +90,15 @@ class LeRobotWriter:
         path = self.root / DATA_PATH.format(episode_chunk=episode // CHUNKS_SIZE, episode_index=episode)
         path.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.table(columns), path)
-        self._episodes.append({"episode_index": episode, "tasks": tasks, "length": len(self._frames)})
+        entry = {"episode_index": episode, "tasks": tasks, "length": len(self._frames)}
+        self._num_episodes += 1
         self._total_frames += len(self._frames)
         self._frames = []
-        self._write_meta()
+        self._write_meta(entry)
         return episode
 
-    def _write_meta(self) -> None:
+    def _write_meta(self, episode: dict[str, Any]) -> None:
+        """info.json and tasks.jsonl rewritten, `episode`'s line appended to episodes.jsonl."""
         meta = self.root / "meta"
         meta.mkdir(parents=True, exist_ok=True)
         features = {
@@ -107,21 +109,21 @@ class LeRobotWriter:
         info = {
             "codebase_version": "v2.0",
             "robot_type": self.robot_type,
-            "total_episodes": len(self._episodes),
+            "total_episodes": self._num_episodes,
             "total_frames": self._total_frames,
             "total_tasks": len(self._tasks),
             "total_videos": 0,
-            "total_chunks": (len(self._episodes) - 1) // CHUNKS_SIZE + 1,
+            "total_chunks": (self._num_episodes - 1) // CHUNKS_SIZE + 1,
             "chunks_size": CHUNKS_SIZE,
             "fps": self.fps,
-            "splits": {"train": f"0:{len(self._episodes)}"},
+            "splits": {"train": f"0:{self._num_episodes}"},
             "data_path": DATA_PATH,
             "video_path": None,
             "features": features,
         }
         # One line per episode appended (rewriting them all would make a long recording quadratic).
         with (meta / "episodes.jsonl").open("a") as episodes:
-            episodes.write(json.dumps(self._episodes[-1]) + "\n")
+            episodes.write(json.dumps(episode) + "\n")
         (meta / "info.json").write_text(json.dumps(info, indent=2))
         tasks = [{"task_index": i, "task": t} for t, i in self._tasks.items()]
         (meta / "tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
