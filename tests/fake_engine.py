@@ -4,7 +4,7 @@ No model runs; every call is a few numpy operations, so tests of the KV cache ma
 take milliseconds. What it computes:
 - prefill: a prefix of the prompt columns only (no image tokens); a row's `length` is its number of
   valid prompt tokens.
-- denoise: actions = noise + num_steps.
+- denoise: actions = noise + num_steps; a guided row's first `delay` actions are its previous chunk's.
 - decode: a slot on a prefix of length L emits the tokens L, L + 1, L + 2, ... with log-probability
   -1 each, until it emits `eos_id` or its max_new_tokens.
 `calls` records each call by name (with its batch size or step count), so tests can see how the runtime
@@ -49,9 +49,19 @@ class FakeEngine:
     def prefix_len(self, obs: Observation) -> int:
         return np.asarray(obs.tokenized_prompt_mask).shape[1]
 
-    def denoise(self, cache: PrefixCache, noise: jax.Array, num_steps: int = 10) -> np.ndarray:
+    def denoise(
+        self,
+        cache: PrefixCache,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[api.ChunkGuidance | None] = (),
+    ) -> np.ndarray:
         self.calls.append(("denoise", cache.mask.shape[0]))
-        return np.asarray(noise, np.float32) + num_steps
+        actions = np.asarray(noise, np.float32) + num_steps
+        for row, guided in enumerate(guidance):
+            if guided is not None:
+                actions[row, : guided.delay] = guided.prev_chunk[: guided.delay]
+        return actions
 
     def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
         columns = (prefix_len or self.config.prefix_len) + max_new_tokens

@@ -15,7 +15,9 @@ import jax
 import numpy as np
 
 from oxygen_jax.engine.batch_state import BatchState
+from oxygen_jax.engine.guidance import SCHEDULES, prefix_weights
 from oxygen_jax.engine.language import TextOutput
+from oxygen_jax.errors import InvalidArgumentError
 from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
 
 
@@ -54,6 +56,61 @@ def insert_columns(inserts: Sequence[SlotInsert], rows: int, max_slots: int) -> 
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class ChunkGuidance:
+    """Real-time chunking for one row (`engine/guidance.py`): the previous chunk [H, A] in model space,
+    aligned so that prev_chunk[i] is what the robot executes at the new chunk's index i; the robot executes
+    `delay` of them before the new chunk arrives, and the new chunk blends into them up to `horizon`."""
+
+    prev_chunk: np.ndarray
+    delay: int
+    horizon: int
+    schedule: str = "exp"
+    max_guidance_weight: float = 5.0
+
+    def check(self, horizon: int, action_dim: int) -> None:
+        """Raises InvalidArgumentError (one line) for values the guidance cannot use."""
+        shape = np.shape(self.prev_chunk)
+        if shape != (horizon, action_dim):
+            raise InvalidArgumentError(
+                f"prev_chunk has shape {shape}; the model needs ({horizon}, {action_dim})"
+            )
+        if not np.isfinite(self.prev_chunk).all():
+            raise InvalidArgumentError("prev_chunk has non-finite values")
+        if not 0 <= self.delay <= self.horizon <= horizon:
+            raise InvalidArgumentError(
+                f"RTC needs 0 <= delay <= horizon <= {horizon}, got delay={self.delay} horizon={self.horizon}"
+            )
+        if self.schedule not in SCHEDULES:
+            raise InvalidArgumentError(
+                f"unknown RTC schedule {self.schedule!r}; use one of {', '.join(SCHEDULES)}"
+            )
+        if not (np.isfinite(self.max_guidance_weight) and self.max_guidance_weight > 0):
+            raise InvalidArgumentError(f"max_guidance_weight must be > 0, got {self.max_guidance_weight}")
+
+
+def guidance_columns(
+    rows: Sequence[ChunkGuidance | None], batch: int, horizon: int, action_dim: int
+) -> dict[str, np.ndarray]:
+    """The per-row arrays of `guidance.Guidance` for a batch of `batch` rows: row i is guided as rows[i]
+    says; None and rows beyond `rows` (padding) get zero weights, i.e. plain actions."""
+    if len(rows) > batch:
+        raise ValueError(f"{len(rows)} guidance rows for a batch of {batch}")
+    columns = {
+        "prev_chunk": np.zeros((batch, horizon, action_dim), np.float32),
+        "weights": np.zeros((batch, horizon), np.float32),
+        "max_guidance_weight": np.ones(batch, np.float32),
+    }
+    for i, row in enumerate(rows):
+        if row is None:
+            continue
+        row.check(horizon, action_dim)
+        columns["prev_chunk"][i] = row.prev_chunk
+        columns["weights"][i] = prefix_weights(row.delay, row.horizon, horizon, row.schedule)
+        columns["max_guidance_weight"][i] = row.max_guidance_weight
+    return columns
+
+
 @runtime_checkable
 class RuntimeEngine(Protocol):
     """What the runtime (KV cache manager, frame scheduler, device loop) calls: actions for a batch of
@@ -72,8 +129,15 @@ class RuntimeEngine(Protocol):
     def prefix_len(self, obs: Observation) -> int:
         """Columns `prefill(obs)` produces."""
 
-    def denoise(self, cache: PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
-        """Actions [B, H, A] from noise [B, H, A]; reads the cache, never writes it."""
+    def denoise(
+        self,
+        cache: PrefixCache,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[ChunkGuidance | None] = (),
+    ) -> jax.Array:
+        """Actions [B, H, A] from noise [B, H, A]; reads the cache, never writes it. guidance[i] guides
+        row i towards its previous chunk (real-time chunking); None, missing rows and () are plain."""
 
     def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
         """An empty batch state: `max_slots` slots of up to `max_new_tokens` tokens on prefixes of up to

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
 from oxygen_jax.engine import api, batch_state, extension, kernels, language
+from oxygen_jax.engine import guidance as guidance_lib
 from oxygen_jax.engine import mesh as mesh_lib
 from oxygen_jax.models import pi05
 
@@ -59,6 +60,7 @@ class Engine:
         # static or donated.
         self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
         self._denoise = jax.jit(pi05.denoise, static_argnames="config")
+        self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames="config")
         self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
         self._score = jax.jit(language.score, static_argnames="config")
         self._init_state = (
@@ -113,14 +115,21 @@ class Engine:
             return ()
         return tuple(k for k in self.config.image_keys if not np.asarray(obs.image_masks[k]).any())
 
-    def denoise(self, cache: pi05.PrefixCache, noise: jax.Array, num_steps: int = 10) -> jax.Array:
-        return self._denoise(
-            params=self.params,
-            config=self.config,
-            cache=cache,
-            noise=self._place_rows(noise),
-            num_steps=num_steps,
-        )
+    def denoise(
+        self,
+        cache: pi05.PrefixCache,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[api.ChunkGuidance | None] = (),
+    ) -> jax.Array:
+        """Plain denoising unless some row carries non-zero prefix weights; then one guided program for the
+        whole batch (rows without guidance get zero weights there, hence exactly their plain actions)."""
+        inputs = dict(params=self.params, config=self.config, cache=cache, noise=self._place_rows(noise))
+        columns = api.guidance_columns(guidance, *noise.shape)
+        if not columns["weights"].any():
+            return self._denoise(**inputs, num_steps=num_steps)
+        rows = self._place_rows({k: jnp.asarray(v) for k, v in columns.items()})
+        return self._guided_denoise(**inputs, num_steps=num_steps, guidance=guidance_lib.Guidance(**rows))
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
         return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))

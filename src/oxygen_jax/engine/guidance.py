@@ -1,0 +1,110 @@
+"""Real-time chunking (RTC): denoising guided to agree with the chunk the robot is still executing.
+
+While the next chunk is computed the robot executes `delay` more actions of its previous chunk. Each
+flow step is corrected (one `jax.vjp` of the one-step denoised estimate) so the new chunk keeps those
+actions and blends into the previous chunk up to `horizon`; from `horizon` on it is free. Math and
+float32 order follow Physical-Intelligence/real-time-chunking-kinetix (`get_prefix_weights`,
+`FlowPolicy.realtime_action`) in openpi's time convention: t from 1 (noise) to 0 (data), tau = 1 - t,
+v = noise - actions. Every setting is per row (the prefix weights are data), so robots with different
+delays, schedules and weights share one compiled program; a row whose weights are all 0 gets the plain
+actions.
+"""
+
+import math
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from oxygen_jax.models import pi05
+
+# How the weights fall from 1 to 0 over [delay, horizon).
+SCHEDULES = ("exp", "linear", "ones", "zeros")
+
+
+@flax.struct.dataclass
+class Guidance:
+    """Per-row guidance inputs. prev_chunk [B, H, A] float32: the previous chunk in model space, aligned so
+    that prev_chunk[b, i] is what the robot executes at the new chunk's index i; weights [B, H] float32
+    (`prefix_weights`; all 0: the row's plain actions); max_guidance_weight [B] float32 (beta)."""
+
+    prev_chunk: jax.Array
+    weights: jax.Array
+    max_guidance_weight: jax.Array
+
+
+def prefix_weights(delay: int, horizon: int, total: int, schedule: str = "exp") -> np.ndarray:
+    """W [total] float32: 1 on [0, delay), a ramp from 1 to 0 over [delay, horizon) shaped by `schedule`,
+    0 from horizon on (delay is clamped to horizon).
+
+    Host-side numpy: XLA turns a division by a broadcast value into a multiplication by its reciprocal,
+    which moves the ramp by an ulp from the reference's; numpy divides exactly. numpy's expm1 is not XLA's:
+    `exp` weights are within an ulp of the reference's (frozen actions get 1.0, the reference 0.99999994).
+    """
+    index = np.arange(total)
+    start = min(delay, horizon)
+    ramp = np.float32(start - 1 - index) / np.float32(horizon - start + 1) + np.float32(1)
+    ramp = np.clip(ramp, np.float32(0), np.float32(1))
+    weights = {
+        "exp": lambda: ramp * np.expm1(ramp) / np.float32(math.e - 1),
+        "linear": lambda: ramp,
+        "ones": lambda: np.ones(total, np.float32),
+        "zeros": lambda: (index < start).astype(np.float32),
+    }[schedule]()
+    return np.where(index >= horizon, np.float32(0), weights).astype(np.float32)
+
+
+def guidance_weight(time: jax.Array, max_guidance_weight: jax.Array) -> jax.Array:
+    """Per-row weight of the correction at flow time t (scalar): min(c (tau^2 + (1 - tau)^2) / (1 - tau)^2,
+    beta) with tau = 1 - t and c = (1 - tau) / tau (beta at tau = 0)."""
+    tau = 1 - time
+    inv_r2 = (tau**2 + (1 - tau) ** 2) / (1 - tau) ** 2
+    c = (1 - tau) / tau
+    c = jnp.where(jnp.isposinf(c), max_guidance_weight, c)
+    return jnp.minimum(c * inv_r2, max_guidance_weight)
+
+
+def guided_velocity(velocity, x_t: jax.Array, time: jax.Array, target: jax.Array, weights: jax.Array, beta):
+    """v - w J^T[(target - x̂) W] with x̂(x_t) = x_t - t v(x_t, t) and J = dx̂/dx_t (rows are independent,
+    so one vjp over the batch is a vjp per row). velocity(x_t, t) -> v [B, H, A]; weights [B, H].
+
+    The velocity is rematerialized for the backward pass: its forward then compiles exactly as in the
+    plain program (saving residuals changes XLA's fusions and v by float32 ulps), so a row with zero
+    weights gets the plain actions bit for bit, at the price of one more forward pass per step.
+    """
+    rematerialized = jax.checkpoint(lambda x: velocity(x, time))
+
+    def denoised(x):
+        v = rematerialized(x)
+        return x - time * v, v
+
+    x_hat, pullback, v = jax.vjp(denoised, x_t, has_aux=True)
+    (correction,) = pullback((target - x_hat) * weights[:, :, None])
+    return v - guidance_weight(time, beta)[:, None, None] * correction
+
+
+def guided_denoise(
+    params: dict,
+    config: pi05.Pi05Config,
+    cache: pi05.PrefixCache,
+    noise: jax.Array,
+    num_steps: int | jax.Array,
+    guidance: Guidance,
+) -> jax.Array:
+    """`pi05.denoise` with every step's velocity guided towards `guidance.prev_chunk`; num_steps may be
+    traced. Actions [B, H, A]."""
+    dt = (-1.0 / jnp.asarray(num_steps, jnp.float32)).astype(jnp.float32)
+
+    def velocity(x, time):
+        return pi05.predict_velocity(params, config, cache, x, jnp.broadcast_to(time, x.shape[:1]))
+
+    def step(carry):
+        x_t, time = carry
+        v = guided_velocity(
+            velocity, x_t, time, guidance.prev_chunk, guidance.weights, guidance.max_guidance_weight
+        )
+        return x_t + dt * v, time + dt
+
+    x_0, _ = jax.lax.while_loop(lambda c: c[1] >= -dt / 2, step, (noise, jnp.float32(1.0)))
+    return x_0
