@@ -11,6 +11,13 @@ instruction is appended to the shared prefix (`Engine.extend`, one call for ever
 
 `--obs` holds model-level arrays (`image/<camera>`, `image_mask/<camera>`, `tokenized_prompt`,
 `tokenized_prompt_mask`, optional `noise`); without it a synthetic observation is used.
+
+`--rtc=FILE.npz` guides the actions towards previous chunks (real-time chunking, docs/rtc.md): FILE holds
+`prev_chunk` [B, H, 32] (model space, aligned: prev_chunk[b, i] is what robot b executes at the new
+chunk's index i), `d` [B] (actions executed before the new chunk arrives) and `s` [B] (the chunk blends
+into prev_chunk up to s) as ints; d = s = 0 leaves a row unguided.
+  python scripts/infer.py --config=pi05_tiny --obs=obs.npz --rtc=prev.npz --rtc_schedule=linear \
+      --max_guidance_weight=1 --out=out.npz
 """
 
 import time
@@ -20,6 +27,8 @@ import numpy as np
 from absl import flags
 
 from oxygen_jax import cli
+from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.engine.guidance import SCHEDULES
 from oxygen_jax.models import inputs
 
 _MODEL = cli.define_model_flags("pi05_cpu")
@@ -34,6 +43,9 @@ _TEXT_TASKS = flags.DEFINE_multi_string(
     "text_task", [], "name:instruction of a language task on the same observation (repeatable)."
 )
 _SCORE = flags.DEFINE_string("score_tokens", None, "npy of int [B, N] continuations to score.")
+_RTC = flags.DEFINE_string("rtc", None, "npz of prev_chunk [B, H, 32], d [B], s [B]: guided actions.")
+_RTC_SCHEDULE = flags.DEFINE_enum("rtc_schedule", "exp", SCHEDULES, "How --rtc's weights fall over [d, s).")
+_MAX_GUIDANCE = flags.DEFINE_float("max_guidance_weight", 5.0, "--rtc's largest guidance weight (beta).")
 
 
 def _timed(fn):
@@ -75,6 +87,21 @@ def _text_tasks(
     return out
 
 
+def _rtc_rows(path: str, batch: int, horizon: int, action_dim: int) -> list[ChunkGuidance]:
+    """One ChunkGuidance per row from an --rtc file (InputError naming the key when malformed)."""
+    with np.load(path) as f:
+        arrays = dict(f)
+    prev = inputs.require_array(arrays, "prev_chunk")
+    inputs.check_array("prev_chunk", prev, (batch, horizon, action_dim), "f", "float [B, H, A]")
+    delay, end = inputs.require_array(arrays, "d"), inputs.require_array(arrays, "s")
+    inputs.check_array("d", delay, (batch,), "iu", "int [B]")
+    inputs.check_array("s", end, (batch,), "iu", "int [B]")
+    return [
+        ChunkGuidance(prev[b], int(delay[b]), int(end[b]), _RTC_SCHEDULE.value, _MAX_GUIDANCE.value)
+        for b in range(batch)
+    ]
+
+
 def main(_):
     cfg = _MODEL.config.value
     engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
@@ -91,15 +118,17 @@ def main(_):
     if noise is None:
         noise = engine.noise(jax.random.key(_SEED.value), batch)
     num_steps = _MODEL.num_steps.value or cfg.num_steps
+    guidance = _rtc_rows(_RTC.value, batch, *noise.shape[1:]) if _RTC.value else []
 
     cache, prefill_first, prefill_s = _timed(lambda: engine.prefill(obs))
-    actions, denoise_first, denoise_s = _timed(lambda: engine.denoise(cache, noise, num_steps))
+    actions, denoise_first, denoise_s = _timed(lambda: engine.denoise(cache, noise, num_steps, guidance))
     out = {"actions": np.asarray(actions)}
     lines = [
         f"config {cfg.name} ({model.dtype}), batch {batch}, prefix {model.prefix_len} columns",
         f"actions {list(out['actions'].shape)}",
         f"prefill {prefill_s * 1e3:.1f} ms (first call {prefill_first:.2f} s incl. compile)",
-        f"denoise {num_steps} steps {denoise_s * 1e3:.1f} ms (first call {denoise_first:.2f} s)",
+        f"denoise {num_steps} steps{' (guided)' if guidance else ''} {denoise_s * 1e3:.1f} ms"
+        f" (first call {denoise_first:.2f} s)",
     ]
     if max_text > 0:
         tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
