@@ -8,6 +8,7 @@ import pytest
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "oxygen_jax"
 # Lowest first; the top-level modules (config, checkpoints, params, tokenizer, cli, ...) sit beside.
 LAYERS = {
+    "client": -1,  # robot side, next to openpi-client: below every layer, so it imports none of them
     "models": 0,
     "engine": 1,
     "runtime": 2,
