@@ -8,6 +8,7 @@
   python scripts/benchmark.py --serving --out=DIR          # closed-loop robots: action_only / frame / async
   python scripts/benchmark.py --serving --serving_sweep    # R in {1, 4, 16} x think time in {0, 100, 300} ms
   python scripts/benchmark.py --multitask --out=DIR        # 3 text tasks per observation: isolated vs shared
+  python scripts/benchmark.py --rtc --out=DIR              # guided (real-time chunking) vs plain denoise
 
 Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
 DIR defaults to benchmarks/results/<machine>.
@@ -22,7 +23,7 @@ import tqdm
 from absl import flags
 
 from oxygen_jax import cli, config
-from oxygen_jax.benchmarks import multitask, plots, report, runner, serving, spec, sweeps, worker
+from oxygen_jax.benchmarks import multitask, plots, report, rtc_cost, runner, serving, spec, sweeps, worker
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -61,6 +62,7 @@ _MULTITASK_SECONDS = flags.DEFINE_float("multitask_seconds", 10.0, "Seconds of e
 _MULTITASK_THINK = flags.DEFINE_float(
     "multitask_think_ms", 100.0, "Asynchronous modes: ms the robot executes each action chunk."
 )
+_RTC = flags.DEFINE_bool("rtc", False, "Guided vs plain denoise at batch 1 and 4: DIR/rtc_cost.json.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")
 
 
@@ -140,7 +142,26 @@ def _multitask(cfg, cache_dir: str | None) -> None:
     print(json.dumps(results, indent=1))
 
 
+def _rtc_cost(cfg, cache_dir: str | None) -> None:
+    """Real-time chunking's cost on the action path, in this process on one engine."""
+    worker.setup_jax(cache_dir)
+    engine = worker.build_engine(cfg, spec.RunSpec("action_only"))
+    info = {"config": cfg.name, "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
+    load_before = os.getloadavg()
+    results = {**info, **rtc_cost.run(engine, rtc_cost.Setting())}
+    results["load_average_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
+    _write_json(_out_dir(info) / "rtc_cost.json", results)
+    print(json.dumps({**results, "batches": [_summary(b) for b in results["batches"]]}, indent=1))
+
+
+def _summary(measured: dict) -> dict:
+    return {k: v for k, v in measured.items() if not k.endswith("_all")}
+
+
 def main(_):
+    if _RTC.value:
+        _rtc_cost(_CONFIG.value, _CACHE.value or None)
+        return
     if _MULTITASK.value:
         _multitask(_CONFIG.value, _CACHE.value or None)
         return

@@ -1,0 +1,82 @@
+"""What real-time chunking costs on the action path: guided against plain denoising, same batch.
+
+Plain and guided calls alternate on the same prefix cache and noise, so a shared machine's load hits both
+alike; each batch reports the median of its calls. The issue's target: guidance adds at most 1.5x the
+plain denoise time (`added_over_plain` <= 1.5).
+"""
+
+import dataclasses
+import statistics
+import time
+
+import jax
+import numpy as np
+
+from oxygen_jax.benchmarks.spec import observation
+from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.engine.engine import Engine
+from oxygen_jax.models import inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    batches: tuple[int, ...] = (1, 4)
+    reps: int = 20
+    num_steps: int = 10
+    layout: str = "libero"
+    seed: int = 0
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
+
+
+def _guidance(engine: Engine, batch: int, seed: int) -> list[ChunkGuidance]:
+    """Every row guided: a random previous chunk, delay H/4, blending up to H/2 (exp schedule)."""
+    horizon, action_dim = engine.config.action_horizon, engine.config.action_dim
+    rng = np.random.default_rng(seed)
+    return [
+        ChunkGuidance(rng.standard_normal((horizon, action_dim), np.float32), horizon // 4, horizon // 2)
+        for _ in range(batch)
+    ]
+
+
+def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
+    """Median plain and guided denoise ms at `batch` rows (both compiled first), and their ratio."""
+    rows = [observation(engine.config, setting.layout, i) for i in range(batch)]
+    arrays = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    cache = engine.prefill(inputs.observation_from_arrays(arrays, engine.config))
+    noise = engine.noise(jax.random.key(setting.seed), batch)
+    guidance = _guidance(engine, batch, setting.seed)
+    calls = {
+        "plain": lambda: engine.denoise(cache, noise, setting.num_steps),
+        "guided": lambda: engine.denoise(cache, noise, setting.num_steps, guidance),
+    }
+    for call in calls.values():
+        jax.block_until_ready(call())
+    times = {name: [] for name in calls}
+    with CompileCounter() as counter:
+        for _ in range(setting.reps):
+            for name, call in calls.items():
+                times[name].append(_seconds(call))
+    plain, guided = (statistics.median(times[name]) * 1e3 for name in calls)
+    return {
+        "batch": batch,
+        "plain_ms": plain,
+        "guided_ms": guided,
+        "guided_over_plain": guided / plain,
+        "added_over_plain": (guided - plain) / plain,
+        "plain_ms_all": [t * 1e3 for t in times["plain"]],
+        "guided_ms_all": [t * 1e3 for t in times["guided"]],
+        "compiles_while_measuring": counter.count,
+    }
+
+
+def run(engine: Engine, setting: Setting) -> dict:
+    return {
+        "setting": dataclasses.asdict(setting),
+        "batches": [measure_batch(engine, batch, setting) for batch in setting.batches],
+    }
