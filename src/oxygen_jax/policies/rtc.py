@@ -1,0 +1,170 @@
+"""Real-time chunking for one robot on a local `Policy`: the server side of the `rtc` protocol.
+
+`RtcPolicy` keeps the robot's last chunk in model space. An observation carrying
+`rtc: {"executed": i, "delay": d, "horizon": s}` (see `oxygen_jax.client.protocol`) is answered with a
+chunk guided towards that last chunk shifted by the i actions already executed (`align`); without `rtc`
+the reply is the policy's plain one. Every reply adds `chunk_id`, `start` (d, or 0) and `stale` (a newer
+request of this robot arrived while it was computed). Bad `rtc` values are refused with a one-line error
+and leave the robot's state as it was.
+"""
+
+import copy
+import dataclasses
+import itertools
+import math
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from oxygen_jax.client import protocol
+from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.errors import InvalidArgumentError
+from oxygen_jax.policies.policy import Policy
+
+
+class RtcError(InvalidArgumentError):
+    """An `rtc` entry the server cannot use (the message names the field)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RtcRequest:
+    executed: int
+    delay: int
+    horizon: int
+
+
+def _field(rtc: Mapping, name: str, default: int | None = None) -> int:
+    value = rtc.get(name, default)
+    if value is None:
+        raise RtcError(f"rtc.{name} is missing")
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise RtcError(f"rtc.{name} must be an int, got {value!r}")
+    if value < 0:
+        raise RtcError(f"rtc.{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def parse_request(
+    rtc: Any, horizon: int, last_chunk_id: int | None, estimated_delay: int | None
+) -> RtcRequest:
+    """Checks an observation's `rtc` entry against the model's horizon H and this robot's last chunk.
+
+    delay defaults to `estimated_delay` (the server's own latency in control steps, when it knows the
+    robot's control_hz); horizon defaults to every action of the last chunk not yet executed.
+    """
+    if not isinstance(rtc, Mapping):
+        raise RtcError(f"rtc must be a dict with executed, delay, horizon; got {type(rtc).__name__}")
+    if last_chunk_id is None:
+        raise RtcError("rtc needs a previous chunk: this robot has not been sent one yet")
+    if protocol.CHUNK_ID in rtc and _field(rtc, protocol.CHUNK_ID) != last_chunk_id:
+        raise RtcError(f"rtc.chunk_id {rtc[protocol.CHUNK_ID]} is not the last chunk sent ({last_chunk_id})")
+    executed = _field(rtc, "executed")
+    if executed > horizon:
+        raise RtcError(f"rtc.executed {executed} is beyond the last chunk's {horizon} actions")
+    if "delay" not in rtc and estimated_delay is None:
+        raise RtcError("rtc.delay is missing and the robot's control_hz is unknown to estimate it")
+    delay = _field(rtc, "delay", estimated_delay)
+    if delay >= horizon:
+        raise RtcError(f"rtc.delay {delay} must be < the action horizon {horizon}")
+    end = _field(rtc, "horizon", max(horizon - executed, delay))
+    if not delay <= end <= horizon:
+        raise RtcError(f"rtc.horizon {end} must lie in [delay={delay}, {horizon}]")
+    return RtcRequest(executed, delay, end)
+
+
+def align(chunk: np.ndarray, executed: int) -> np.ndarray:
+    """The chunk [H, A] seen from `executed` actions later: row i is chunk[executed + i], the last action
+    repeated past the end."""
+    index = np.minimum(np.arange(len(chunk)) + executed, len(chunk) - 1)
+    return chunk[index]
+
+
+class _GuidingEngine:
+    """The policy's engine with this call's guidance put into `denoise`, keeping the model-space actions."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.guidance: ChunkGuidance | None = None
+        self.actions: np.ndarray | None = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def denoise(self, cache, noise, num_steps: int = 10, guidance=()):
+        actions = self._engine.denoise(
+            cache, noise, num_steps, [self.guidance] if self.guidance else guidance
+        )
+        self.actions = np.asarray(actions[0])
+        return actions
+
+    def act_and_speak(self, obs, noise, num_steps: int, max_new_tokens: int, **text_kwargs):
+        cache = self._engine.prefill(obs)
+        return self.denoise(cache, noise, num_steps), self._engine.generate(
+            cache, max_new_tokens, **text_kwargs
+        )
+
+
+class RtcPolicy:
+    """One robot's policy with real-time chunking. Thread-safe: one call computes at a time."""
+
+    def __init__(self, policy: Policy, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
+        self._engine = _GuidingEngine(policy.engine)
+        self._policy = copy.copy(policy)
+        self._policy.engine = self._engine
+        self.schedule = schedule
+        self.max_guidance_weight = max_guidance_weight
+        self._lock = threading.Lock()
+        self._arrivals = itertools.count()
+        self._latest = -1
+        self._chunk: np.ndarray | None = None  # model space [H, action_dim]
+        self._chunk_id: int | None = None
+        self._control_hz: float | None = None
+        self._latency_s: float | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        return self._policy.metadata
+
+    def infer(self, obs: Mapping[str, Any], **kwargs) -> dict[str, Any]:
+        """`Policy.infer`, guided when `obs` carries `rtc`; the reply adds chunk_id, start and stale."""
+        arrival = next(self._arrivals)
+        self._latest = max(self._latest, arrival)
+        rtc = obs.get(protocol.RTC)
+        obs = {k: v for k, v in obs.items() if k != protocol.RTC}
+        with self._lock:
+            guidance, start = self._guidance(rtc)
+            self._engine.guidance = guidance
+            try:
+                reply = self._policy.infer(obs, **kwargs)
+            finally:
+                self._engine.guidance = None
+            self._chunk = self._engine.actions
+            self._chunk_id = 0 if self._chunk_id is None else self._chunk_id + 1
+            self._latency_s = reply["policy_timing"]["infer_ms"] / 1000
+            return {
+                **reply,
+                protocol.CHUNK_ID: self._chunk_id,
+                protocol.START: start,
+                protocol.STALE: arrival < self._latest,
+            }
+
+    def _guidance(self, rtc: Any) -> tuple[ChunkGuidance | None, int]:
+        if rtc is None:
+            return None, 0
+        if isinstance(rtc, Mapping) and "control_hz" in rtc:
+            hz = rtc["control_hz"]
+            if not isinstance(hz, int | float | np.number) or not hz > 0:
+                raise RtcError(f"rtc.control_hz must be > 0, got {hz!r}")
+            self._control_hz = float(hz)
+        estimate = None
+        if self._control_hz and self._latency_s is not None:
+            estimate = math.ceil(self._latency_s * self._control_hz)
+        horizon = self._policy.engine.config.action_horizon
+        request = parse_request(rtc, horizon, self._chunk_id, estimate)
+        prev = align(self._chunk, request.executed)
+        guidance = ChunkGuidance(
+            prev, request.delay, request.horizon, self.schedule, self.max_guidance_weight
+        )
+        return guidance, request.delay

@@ -1,0 +1,134 @@
+"""The server side of the `rtc` protocol on a local Policy (golden tiny model, LIBERO I/O)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from test_policy import E2E, make_policy, raw_observation
+
+from oxygen_jax.client import protocol
+from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.models import inputs
+from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align
+
+NOISE = E2E["in/noise"]
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy("dsi0", "float32")
+
+
+def _model_actions(policy, obs: dict, guidance: ChunkGuidance | None) -> np.ndarray:
+    """The model-space chunk Policy.infer would compute for `obs` and NOISE, guided as given."""
+    arrays = policy.model_inputs(obs)
+    observation = inputs.observation_from_arrays(
+        {k: np.asarray(v)[None] for k, v in arrays.items()}, policy.engine.config
+    )
+    cache = policy.engine.prefill(observation)
+    noise = NOISE[None] if NOISE.ndim == 2 else NOISE
+    return np.asarray(policy.engine.denoise(cache, noise, policy.num_steps, [guidance])[0])
+
+
+def test_align_shifts_by_the_executed_actions_and_repeats_the_last():
+    chunk = np.arange(5.0)[:, None]
+    np.testing.assert_array_equal(align(chunk, 2)[:, 0], [2, 3, 4, 4, 4])
+    np.testing.assert_array_equal(align(chunk, 0), chunk)
+    np.testing.assert_array_equal(align(chunk, 5)[:, 0], [4] * 5)
+
+
+def test_a_client_without_rtc_gets_the_plain_reply_plus_chunk_fields(policy):
+    rtc_policy = RtcPolicy(policy)
+    reply = rtc_policy.infer(raw_observation(), noise=NOISE)
+    plain = policy.infer(raw_observation(), noise=NOISE)
+    np.testing.assert_array_equal(reply["actions"], plain["actions"])
+    assert (reply[protocol.CHUNK_ID], reply[protocol.START], reply[protocol.STALE]) == (0, 0, False)
+    assert rtc_policy.infer(raw_observation(), noise=NOISE)[protocol.CHUNK_ID] == 1
+
+
+def test_rtc_request_is_guided_towards_the_aligned_last_chunk(policy):
+    rtc_policy = RtcPolicy(policy)
+    obs = raw_observation()
+    rtc_policy.infer(obs, noise=NOISE)
+    first = _model_actions(policy, obs, None)
+    request = {"executed": 3, "delay": 2, "horizon": 6, protocol.CHUNK_ID: 0}
+    reply = rtc_policy.infer({**obs, protocol.RTC: request}, noise=NOISE)
+    want = _model_actions(policy, obs, ChunkGuidance(align(first, 3), 2, 6))
+    state = policy.model_inputs(obs)["state"]
+    np.testing.assert_allclose(
+        reply["actions"], policy.robot_outputs(state, want)["actions"], rtol=0, atol=1e-6
+    )
+    assert (reply[protocol.CHUNK_ID], reply[protocol.START], reply[protocol.STALE]) == (1, 2, False)
+    # The two frozen actions follow what the robot executes from the first chunk (indices 3 and 4).
+    plain = _model_actions(policy, obs, None)
+    assert np.abs(want[:2] - first[3:5]).mean() < 0.5 * np.abs(plain[:2] - first[3:5]).mean()
+
+
+def test_delay_is_estimated_from_the_servers_latency_and_the_robots_control_hz(policy):
+    rtc_policy = RtcPolicy(policy)
+    rtc_policy.infer(raw_observation(), noise=NOISE)
+    reply = rtc_policy.infer({**raw_observation(), protocol.RTC: {"executed": 4, "control_hz": 1e-3}})
+    assert reply[protocol.START] == 1  # any latency under 1000 s is one step at 1 mHz
+
+
+@pytest.mark.parametrize(
+    ("rtc", "message"),
+    [
+        ({"executed": -1, "delay": 2, "horizon": 5}, "rtc.executed must be >= 0"),
+        ({"executed": 3, "delay": 10, "horizon": 10}, "rtc.delay 10 must be < the action horizon 10"),
+        ({"executed": 3, "delay": 4, "horizon": 2}, r"rtc.horizon 2 must lie in \[delay=4, 10\]"),
+        ({"executed": 11, "delay": 2, "horizon": 5}, "rtc.executed 11 is beyond the last chunk's 10 actions"),
+        ({"executed": 3, "delay": 2.5, "horizon": 5}, "rtc.delay must be an int"),
+        (
+            {"executed": 3, "delay": 2, "horizon": 5, "chunk_id": 7},
+            r"rtc.chunk_id 7 is not the last chunk sent \(0\)",
+        ),
+        ({"executed": 3, "horizon": 5}, "rtc.delay is missing and the robot's control_hz is unknown"),
+        ([3, 2, 5], "rtc must be a dict"),
+    ],
+)
+def test_bad_rtc_values_are_one_line_errors_that_leave_the_robot_as_it_was(policy, rtc, message):
+    rtc_policy = RtcPolicy(policy)
+    rtc_policy.infer(raw_observation(), noise=NOISE)
+    with pytest.raises(RtcError, match=message) as error:
+        rtc_policy.infer({**raw_observation(), protocol.RTC: rtc}, noise=NOISE)
+    assert "\n" not in str(error.value)
+    good = {"executed": 3, "delay": 2, "horizon": 6, protocol.CHUNK_ID: 0}
+    assert rtc_policy.infer({**raw_observation(), protocol.RTC: good}, noise=NOISE)[protocol.CHUNK_ID] == 1
+
+
+def test_rtc_without_a_previous_chunk_is_an_error(policy):
+    with pytest.raises(RtcError, match="needs a previous chunk"):
+        RtcPolicy(policy).infer(
+            {**raw_observation(), protocol.RTC: {"executed": 0, "delay": 1, "horizon": 4}}
+        )
+
+
+def test_a_reply_overtaken_by_a_newer_request_is_marked_stale(policy):
+    """Two requests of one robot: both arrive while the policy is busy (its lock held here), so the first
+    one's reply is computed after the second arrived, whichever runs first."""
+    rtc_policy = RtcPolicy(policy)
+    replies = {}
+
+    def request(name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: replies.update({name: rtc_policy.infer(raw_observation())}))
+        thread.start()
+        return thread
+
+    with rtc_policy._lock:
+        threads = [request("first")]
+        _wait_for(lambda: rtc_policy._latest == 0)
+        threads.append(request("second"))
+        _wait_for(lambda: rtc_policy._latest == 1)
+    for thread in threads:
+        thread.join(timeout=60)
+    assert replies["first"][protocol.STALE] is True
+    assert replies["second"][protocol.STALE] is False
+
+
+def _wait_for(condition) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.001)
