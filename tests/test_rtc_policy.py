@@ -6,8 +6,9 @@ import time
 import numpy as np
 import pytest
 from test_policy import E2E, make_policy, raw_observation
+from test_rtc_client import FakeClock, FakePending
 
-from oxygen_jax.client import protocol
+from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align
@@ -132,3 +133,53 @@ def _wait_for(condition) -> None:
     while not condition():
         assert time.monotonic() < deadline
         time.sleep(0.001)
+
+
+class _LocalServer:
+    """RtcPolicy.infer computed at once, its reply due `latency_s` later on the fake clock."""
+
+    def __init__(self, rtc_policy: RtcPolicy, clock: FakeClock, latency_s: float):
+        self.rtc_policy, self.clock, self.latency_s = rtc_policy, clock, latency_s
+        self.requests: list[dict] = []
+
+    def submit(self, obs: dict) -> FakePending:
+        self.requests.append(obs.get(protocol.RTC))
+        reply = self.rtc_policy.infer(obs, noise=NOISE)
+        return FakePending(self.clock, self.clock.now() + self.latency_s, reply)
+
+
+class _Robot:
+    def __init__(self):
+        self.executed: list[np.ndarray] = []
+
+    def observe(self) -> dict:
+        return raw_observation()
+
+    def act(self, action: np.ndarray) -> None:
+        self.executed.append(action)
+
+
+def _drive(policy, mode: str) -> tuple:
+    clock = FakeClock()
+    server = _LocalServer(RtcPolicy(policy), clock, latency_s=0.25)
+    robot = _Robot()
+    config = ExecutorConfig(control_hz=10.0, execution_horizon=4, mode=mode)
+    stats = Executor(config, robot, requests=server, clock=clock).run(24)
+    assert [s.chunk_id for s in stats.switches] == list(range(len(stats.switches)))
+    assert len(stats.switches) >= 3 and stats.stale_replies == 0
+    assert len(robot.executed) == stats.actions and robot.executed[0].shape == (7,)
+    return stats, server
+
+
+def test_the_executor_drives_a_local_rtc_policy_and_rtc_softens_the_switches(policy):
+    """The client's requests are what the server accepts: chunk ids follow each other; with rtc each
+    switch happens at the start the server gave (the measured latency, 3 ticks) and the new chunk's first
+    action is nearer the old chunk's than in naive switching (same observations and noise)."""
+    naive, naive_server = _drive(policy, "naive")
+    rtc, rtc_server = _drive(policy, "rtc")
+    assert naive_server.requests[1:] == [None] * (len(naive_server.requests) - 1)
+    assert rtc_server.requests[1] == {"executed": 6, "delay": 3, "horizon": 4, protocol.CHUNK_ID: 0}
+    assert [s.start for s in rtc.switches[1:]] == [3] * (len(rtc.switches) - 1)
+    naive_jump = np.mean([s.jump for s in naive.switches[1:]])
+    rtc_jump = np.mean([s.jump for s in rtc.switches[1:]])
+    assert rtc_jump < 0.5 * naive_jump, (rtc_jump, naive_jump)
