@@ -1,5 +1,5 @@
 """The guided-denoise cost benchmark (benchmarks/rtc_cost.py) on the tiny model: both programs compiled
-before measuring, every call timed, the ratios computed from the medians."""
+before measuring, every call timed, the ratios computed from the medians, the FLOPs of one step each."""
 
 import statistics
 
@@ -15,3 +15,5 @@ def test_cost_of_guidance_is_measured_without_compiling(golden_params, tiny_conf
     assert measured["plain_ms"] == statistics.median(measured["plain_ms_all"])
     assert measured["guided_over_plain"] == measured["guided_ms"] / measured["plain_ms"]
     assert abs(measured["added_over_plain"] - (measured["guided_over_plain"] - 1)) < 1e-12
+    # A guided step: the forward, the forward again (rematerialized) and the backward of the velocity.
+    assert 2.5 < measured["guided_over_plain_flops"] < 3.5

@@ -10,13 +10,14 @@ import statistics
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from oxygen_jax.benchmarks.spec import observation
-from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.engine import api, guidance
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.models import inputs
+from oxygen_jax.models import inputs, pi05
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,14 +35,37 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
-def _guidance(engine: Engine, batch: int, seed: int) -> list[ChunkGuidance]:
+def _guidance(engine: Engine, batch: int, seed: int) -> list[api.ChunkGuidance]:
     """Every row guided: a random previous chunk, delay H/4, blending up to H/2 (exp schedule)."""
     horizon, action_dim = engine.config.action_horizon, engine.config.action_dim
     rng = np.random.default_rng(seed)
     return [
-        ChunkGuidance(rng.standard_normal((horizon, action_dim), np.float32), horizon // 4, horizon // 2)
+        api.ChunkGuidance(rng.standard_normal((horizon, action_dim), np.float32), horizon // 4, horizon // 2)
         for _ in range(batch)
     ]
+
+
+def step_flops(engine: Engine, cache: pi05.PrefixCache, noise: jax.Array, rows: list) -> dict[str, float]:
+    """XLA's FLOP count of one plain and one guided flow step (a velocity, and a guided velocity with its
+    vjp) on this cache: how much more work guidance is, apart from how fast the backend runs it."""
+    batch, horizon, action_dim = noise.shape
+    columns = {k: jnp.asarray(v) for k, v in api.guidance_columns(rows, batch, horizon, action_dim).items()}
+    mid_flow = jnp.float32(0.5)
+
+    def velocity(x, t):
+        return pi05.predict_velocity(engine.params, engine.config, cache, x, jnp.broadcast_to(t, (batch,)))
+
+    def guided_step(x):
+        return guidance.guided_velocity(
+            velocity, x, mid_flow, columns["prev_chunk"], columns["weights"], columns["max_guidance_weight"]
+        )
+
+    def flops(fn) -> float:
+        analysis = jax.jit(fn).lower(noise).compile().cost_analysis()
+        return float((analysis[0] if isinstance(analysis, list) else analysis)["flops"])
+
+    plain, guided = flops(lambda x: velocity(x, mid_flow)), flops(guided_step)
+    return {"plain_step_flops": plain, "guided_step_flops": guided, "guided_over_plain_flops": guided / plain}
 
 
 def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
@@ -50,10 +74,10 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
     arrays = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
     cache = engine.prefill(inputs.observation_from_arrays(arrays, engine.config))
     noise = engine.noise(jax.random.key(setting.seed), batch)
-    guidance = _guidance(engine, batch, setting.seed)
+    guided_rows = _guidance(engine, batch, setting.seed)
     calls = {
         "plain": lambda: engine.denoise(cache, noise, setting.num_steps),
-        "guided": lambda: engine.denoise(cache, noise, setting.num_steps, guidance),
+        "guided": lambda: engine.denoise(cache, noise, setting.num_steps, guided_rows),
     }
     for call in calls.values():
         jax.block_until_ready(call())
@@ -72,6 +96,7 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
         "plain_ms_all": [t * 1e3 for t in times["plain"]],
         "guided_ms_all": [t * 1e3 for t in times["guided"]],
         "compiles_while_measuring": counter.count,
+        **step_flops(engine, cache, noise, guided_rows),
     }
 
 
