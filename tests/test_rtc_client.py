@@ -41,8 +41,9 @@ class FakePending:
 
 
 class FakeServer:
-    def __init__(self, clock: FakeClock, latency_s: float, stale_every: int = 0):
+    def __init__(self, clock: FakeClock, latency_s: float, stale_every: int = 0, first_latency_s=None):
         self.clock, self.latency_s, self.stale_every = clock, latency_s, stale_every
+        self.first_latency_s = latency_s if first_latency_s is None else first_latency_s
         self.observations: list[dict] = []
         self.sent: list[np.ndarray] = []
 
@@ -65,7 +66,8 @@ class FakeServer:
             protocol.START: start,
             protocol.STALE: stale,
         }
-        return FakePending(self.clock, self.clock.now() + self.latency_s, reply)
+        latency = self.first_latency_s if chunk_id == 0 else self.latency_s
+        return FakePending(self.clock, self.clock.now() + latency, reply)
 
 
 class FakeRobot:
@@ -81,7 +83,8 @@ class FakeRobot:
 
 def _run(mode: str, ticks: int, latency_s: float = 0.25, execution_horizon: int = 4, **config):
     clock = FakeClock()
-    server, robot = FakeServer(clock, latency_s, config.pop("stale_every", 0)), FakeRobot()
+    server = FakeServer(clock, latency_s, config.pop("stale_every", 0), config.pop("first_latency_s", None))
+    robot = FakeRobot()
     executor_config = ExecutorConfig(HZ, execution_horizon, mode, **config)
     stats = Executor(executor_config, robot, requests=server, clock=clock).run(ticks)
     return stats, robot, server, clock
@@ -120,6 +123,13 @@ def test_rtc_sends_progress_and_delay_and_switches_without_a_jump():
     assert [(s.chunk_id, s.start) for s in stats.switches[1:3]] == [(1, 3), (2, 3)]
     assert [s.jump for s in stats.switches[1:]] == [0.0] * (len(stats.switches) - 1)
     assert stats.stalls == 3  # only the first chunk was waited for
+
+
+def test_rtc_delay_leaves_out_the_first_replys_latency_once_others_are_measured():
+    """A first reply slowed by compilation (1.0 s) sets the delay of the second request only."""
+    _, _, server, _ = _run("rtc", ticks=40, first_latency_s=1.0)
+    delays = [obs[protocol.RTC]["delay"] for obs in server.observations[1:]]
+    assert delays[:3] == [4, 3, 3]  # 1.0 s is 10 steps, clamped to the 4 actions left; then 0.3 s
 
 
 def test_rtc_delay_and_horizon_can_be_set():

@@ -26,6 +26,7 @@ import numpy as np
 from oxygen_jax.client import protocol
 
 MODES = ("sync", "naive", "rtc")
+_LATENCY_WINDOW = 3  # replies whose longest latency sets the delay sent with `rtc`
 
 
 class Clock(Protocol):
@@ -79,8 +80,9 @@ class ThreadedRequests:
 @dataclasses.dataclass(frozen=True)
 class ExecutorConfig:
     """control_hz: actions per second; execution_horizon: actions left in the current chunk when the next
-    one is requested; delay_steps: the d sent with `rtc` (None: the longest measured latency, in control
-    steps); prefix_horizon: the s sent with `rtc` (None: every action left in the current chunk)."""
+    one is requested; delay_steps: the d sent with `rtc` (None: the longest latency of the last 3 replies,
+    in control steps, rounded up); prefix_horizon: the s sent with `rtc` (None: every action left in the
+    current chunk)."""
 
     control_hz: float
     execution_horizon: int
@@ -207,7 +209,9 @@ class Executor:
     def _delay_steps(self) -> int:
         if self.config.delay_steps is not None:
             return self.config.delay_steps
-        steps = max(self.stats.latencies_s, default=0.0) * self.config.control_hz
+        # The first reply may include the server's compilation: left out once there are others.
+        recent = self.stats.latencies_s[1:][-_LATENCY_WINDOW:] or self.stats.latencies_s
+        steps = max(recent, default=0.0) * self.config.control_hz
         return math.ceil(steps - 1e-6)  # a latency of exactly k ticks (up to float error) is k steps
 
     def _take_reply(self) -> None:
