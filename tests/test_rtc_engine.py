@@ -142,6 +142,7 @@ def test_rtc_rows_joining_and_leaving_never_recompile(engine, cache, rtc_io):
         (dict(delay=-1, horizon=4), "0 <= delay <= horizon <= 10"),
         (dict(delay=5, horizon=3), "0 <= delay <= horizon <= 10"),
         (dict(delay=2, horizon=11), "0 <= delay <= horizon <= 10"),
+        (dict(delay=2.5, horizon=6), "RTC delay and horizon must be ints, got 2.5, 6"),
         (dict(delay=2, horizon=6, schedule="cosine"), "unknown RTC schedule 'cosine'"),
         (dict(delay=2, horizon=6, max_guidance_weight=0.0), "max_guidance_weight must be > 0"),
         (dict(delay=2, horizon=6, prev_chunk=np.zeros((10, 7))), r"prev_chunk has shape \(10, 7\)"),

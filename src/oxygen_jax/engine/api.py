@@ -77,6 +77,10 @@ class ChunkGuidance:
             )
         if not np.isfinite(self.prev_chunk).all():
             raise InvalidArgumentError("prev_chunk has non-finite values")
+        if not all(isinstance(v, int | np.integer) for v in (self.delay, self.horizon)):
+            raise InvalidArgumentError(
+                f"RTC delay and horizon must be ints, got {self.delay!r}, {self.horizon!r}"
+            )
         if not 0 <= self.delay <= self.horizon <= horizon:
             raise InvalidArgumentError(
                 f"RTC needs 0 <= delay <= horizon <= {horizon}, got delay={self.delay} horizon={self.horizon}"
