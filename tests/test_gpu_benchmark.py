@@ -19,6 +19,7 @@ import zipfile
 
 import pytest
 import yaml
+from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 import oxygen_jax
@@ -123,6 +124,18 @@ def test_two_versions_of_a_wheel_or_more_than_travels_is_not_ready(tmp_path):
     assert not over.ready and "too large to travel" in " ".join(over.lines(big))
 
 
+def test_a_version_the_project_does_not_allow_is_not_ready(tmp_path):
+    (tmp_path / "flax-0.9.0-py3-none-any.whl").touch()
+    needs = {"jax": SpecifierSet(">=0.6"), "flax": SpecifierSet(">=0.10"), "numpy": SpecifierSet(">=2")}
+    image = {"jax": "0.5.0", "numpy": "2.5.2", "flax": None}
+    readiness = gpu_image.Readiness(image, {}, set(), gpu_image.read_wheels(tmp_path), 0, needs)
+    assert readiness.version_conflicts == [
+        "flax 0.9.0 does not meet the project's requirement >=0.10",
+        "jax 0.5.0 does not meet the project's requirement >=0.6",
+    ]
+    assert not readiness.ready
+
+
 def test_wheels_folder_is_ignored_by_git():
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
@@ -199,7 +212,8 @@ def test_smoke_summary_holds_what_the_gpu_run_measures(smoke):
         assert phases[name]["ms"] > 0 and phases[name]["floor_ms"] > 0, name
     settings = summary["serving"]["settings"]
     assert set(settings) == {"R1_T300", "R4_T0"}
-    assert all(s["modes"]["async"]["tokens_per_s"] > 0 for s in settings.values())
+    # Texts finished within 1 s per mode depend on the machine's load; texts started do not.
+    assert all(s["modes"]["async"]["own_text_fraction"] > 0 for s in settings.values())
     # The carried wheel was installed without an index onto the path the benchmark ran with.
     assert summary["environment"]["carried"] == {"oxygen-probe": {"wheel": "1.0", "found": "1.0"}}
 

@@ -13,10 +13,13 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+import tomllib
 from collections.abc import Mapping
 from types import ModuleType
 
 from packaging import tags, utils
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 IMAGE_PYTHON = (3, 12)
 # manylinux_2_N wheels the image's glibc takes (the machine's notes: N up to 39).
@@ -34,6 +37,13 @@ def read_package_list(path: pathlib.Path) -> dict[str, str | None]:
             name, _, version = entry.partition("==")
             packages[utils.canonicalize_name(name)] = version or None
     return packages
+
+
+def read_requirements(pyproject: pathlib.Path) -> dict[str, SpecifierSet]:
+    """Normalized distribution name -> the versions the project's dependencies allow."""
+    dependencies = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+    requirements = [Requirement(d) for d in dependencies]
+    return {utils.canonicalize_name(r.name): r.specifier for r in requirements}
 
 
 def startup_modules() -> set[str]:
@@ -128,6 +138,7 @@ class Readiness:
     unowned: set[str]
     wheels: list[Wheel]
     tree_bytes: int
+    requirements: dict[str, SpecifierSet] = dataclasses.field(default_factory=dict)  # the project's
 
     @property
     def carried(self) -> set[str]:
@@ -147,6 +158,16 @@ class Readiness:
         return [w for w in self.wheels if names.count(w.name) > 1]
 
     @property
+    def version_conflicts(self) -> list[str]:
+        """The project's requirements that a version read in the image, or a wheel's, does not meet."""
+        versions = {name: v for name, v in self.image.items() if v} | {w.name: w.version for w in self.wheels}
+        return [
+            f"{name} {versions[name]} does not meet the project's requirement {spec}"
+            for name, spec in sorted(self.requirements.items())
+            if name in versions and not spec.contains(versions[name], prereleases=True)
+        ]
+
+    @property
     def travel_bytes(self) -> int:
         return self.tree_bytes + sum(w.path.stat().st_size for w in self.wheels)
 
@@ -157,6 +178,7 @@ class Readiness:
             or self.unowned
             or self.foreign_wheels
             or self.duplicate_wheels
+            or self.version_conflicts
             or self.travel_bytes > TRAVEL_LIMIT_BYTES
         )
 
@@ -178,9 +200,10 @@ class Readiness:
             f"{wheels_dir} (scripts/gpu_wheels.sh)"
             for dist, mods in sorted(self.missing.items())
         ]
-        out += [f"missing: {top}: imported from a file no distribution installed" for top in self.unowned]
+        out += [f"missing: {top}: from a file no distribution installed" for top in sorted(self.unowned)]
         out += [f"wheel not for CPython 3.12 on x86-64 Linux: {w.path.name}" for w in self.foreign_wheels]
         out += [f"two versions of one distribution: {w.path.name}" for w in self.duplicate_wheels]
+        out += [f"version: {conflict}" for conflict in self.version_conflicts]
         if self.travel_bytes > TRAVEL_LIMIT_BYTES:
             out.append("too large to travel: the tree and the wheels exceed the limit")
         return [*out, "ready" if self.ready else "not ready"]
@@ -193,7 +216,10 @@ def check(
     root: pathlib.Path,
 ) -> Readiness:
     """`modules`: what the benchmark imported (sys.modules less the interpreter's own start-up modules);
-    `root`: the checkout (its own modules are skipped, its files travel)."""
+    `root`: the checkout (its own modules are skipped, its files travel, its pyproject.toml says which
+    versions the project needs)."""
     imported, unowned = imported_distributions(modules, root)
     image = read_package_list(package_list)
-    return Readiness(image, imported, unowned, read_wheels(wheels_dir), tree_bytes(root))
+    wheels = read_wheels(wheels_dir)
+    requirements = read_requirements(root / "pyproject.toml")
+    return Readiness(image, imported, unowned, wheels, tree_bytes(root), requirements)
