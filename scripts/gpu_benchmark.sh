@@ -33,7 +33,8 @@ LOG=/dev/null
 pick_python() {
   local py backend
   for py in ${PYTHON:-python3 /opt/torch/.venv/bin/python3 .venv/bin/python}; do
-    backend=$("$py" -c 'import jax; print(jax.__version__, jax.default_backend())' 2>/dev/null | tail -1)
+    backend=$(timeout 120 "$py" -c 'import jax; print(jax.__version__, jax.default_backend())' 2>>"$LOG" |
+      tail -1)
     echo "$py: jax ${backend:-not importable}" | tee -a "$LOG" >&2
     if [[ "$backend" == *" $1" ]]; then echo "$py"; return 0; fi
   done
@@ -96,7 +97,7 @@ skip() {
 }
 
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the probe, then each stage's processes, take what they use
-nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1 || echo "nvidia-smi: not available" > "$WORK/nvidia-smi.txt"
+timeout 30 nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1 || echo "nvidia-smi: not available" > "$WORK/nvidia-smi.txt"
 PY=$(pick_python "$BACKEND") || { log "error: no python whose JAX backend is $BACKEND (set PYTHON)"; exit 1; }
 SITE=$WORK/site
 shopt -s nullglob
