@@ -182,13 +182,16 @@ def _check_image() -> None:
         sys.exit(1)
 
 
+# Names --modes takes: the report's labels (a mode, `_deadline` when k follows a target rate, `_noskip`).
+MODE_LABELS = {m + d + n for m in spec.MODES for d in ("", "_deadline") for n in ("", "_noskip")}
+
+
 def _selected(specs: list[spec.RunSpec], modes: list[str]) -> list[spec.RunSpec]:
-    """The specs whose mode (as the report labels it) is among `modes`."""
-    labels = {s: report.label({"spec": dataclasses.asdict(s)}) for s in specs}
-    unknown = set(modes) - set(labels.values())
-    if unknown:
-        cli.fail(f"--modes {sorted(unknown)} not among these sweeps' modes {sorted(set(labels.values()))}")
-    return [s for s in specs if labels[s] in modes]
+    """The specs whose mode, as the report labels it, is among `modes`."""
+    selected = [s for s in specs if report.label({"spec": dataclasses.asdict(s)}) in modes]
+    if not selected:
+        cli.fail(f"no run of --sweeps={','.join(_SWEEPS.value)} has a mode among --modes={','.join(modes)}")
+    return selected
 
 
 def main(_):
@@ -218,6 +221,8 @@ def main(_):
         _full_forward(cache_dir)
         return
     cfg = _CONFIG.value
+    if unknown := set(_MODES.value) - MODE_LABELS:
+        cli.fail(f"--modes: unknown {sorted(unknown)}; known: {sorted(MODE_LABELS)}")
     print(f"{cfg.name}: roofline and phase times...")
     roof = runner.run_task(cfg, spec.RunSpec("oxygen"), "roofline", cache_dir)
     out = _out_dir(roof)

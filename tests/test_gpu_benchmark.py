@@ -136,6 +136,14 @@ def test_a_version_the_project_does_not_allow_is_not_ready(tmp_path):
     assert not readiness.ready
 
 
+def test_an_unknown_mode_fails_in_one_line_before_any_run(tmp_path):
+    script = ROOT / "scripts" / "benchmark.py"
+    cmd = [sys.executable, str(script), "--modes=oxygen,oxygn", f"--out={tmp_path}"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2 and run.stderr.startswith("error: --modes: unknown ['oxygn']")
+    assert not (tmp_path / "roofline.json").exists()
+
+
 def test_wheels_folder_is_ignored_by_git():
     if not (ROOT / ".git").exists():
         pytest.skip("not a git checkout")
