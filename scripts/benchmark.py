@@ -9,29 +9,49 @@
   python scripts/benchmark.py --serving --serving_sweep    # R in {1, 4, 16} x think time in {0, 100, 300} ms
   python scripts/benchmark.py --multitask --out=DIR        # 3 text tasks per observation: isolated vs shared
   python scripts/benchmark.py --rtc --out=DIR              # guided (real-time chunking) vs plain denoise
+  python scripts/benchmark.py --check_image                # does the GPU image (+ .whl/) cover every import?
+  python scripts/benchmark.py --gpu_summary=OUT --out=WORK # scripts/gpu_benchmark.sh's results, <= 8 files
 
 Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
 DIR defaults to benchmarks/results/<machine>.
 """
 
+import dataclasses
 import json
 import os
 import pathlib
+import sys
 
 import jax
 import tqdm
 from absl import flags
 
 from oxygen_jax import cli, config
-from oxygen_jax.benchmarks import multitask, plots, report, rtc_cost, runner, serving, spec, sweeps, worker
+from oxygen_jax.benchmarks import (
+    gpu_image,
+    gpu_summary,
+    multitask,
+    plots,
+    report,
+    rtc_cost,
+    runner,
+    serving,
+    spec,
+    sweeps,
+    worker,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"
 
 _CONFIG = cli.define_config_flag("pi05_cpu")
 _QUICK = flags.DEFINE_bool(
     "quick", False, "Only the LIBERO ablation point (isolated, shared_kv, oxygen, action_only)."
 )
 _SWEEPS = flags.DEFINE_list("sweeps", ["ablation"], f"Sweeps to run, of {', '.join(sweeps.SWEEPS)}.")
+_MODES = flags.DEFINE_list(
+    "modes", [], "Only these modes of the sweeps, e.g. action_only,isolated,oxygen (or oxygen_deadline)."
+)
 _FRAMES = flags.DEFINE_integer("frames", 20, "Measured frames per run (after warm-up and fill frames).")
 _MAX_TEXT = flags.DEFINE_list(
     "max_text_tokens", ["5", "10", "15", "20", "30"], "Text tokens per request in the n_k sweep."
@@ -64,6 +84,18 @@ _MULTITASK_THINK = flags.DEFINE_float(
 )
 _RTC = flags.DEFINE_bool("rtc", False, "Guided vs plain denoise at batch 1 and 4: DIR/rtc_cost.json.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")
+_CHECK_IMAGE = flags.DEFINE_bool(
+    "check_image",
+    False,
+    "Whether the GPU machine's image runs this benchmark: every distribution it imports is in "
+    f"{IMAGE_PACKAGES.name} or among --wheels_dir's wheels, which fit that image and the travel limit.",
+)
+_WHEELS_DIR = flags.DEFINE_string(
+    "wheels_dir", str(ROOT / ".whl"), "Wheels carried to the GPU machine (--check_image, --gpu_summary)."
+)
+_GPU_SUMMARY = flags.DEFINE_string(
+    "gpu_summary", None, "Write the GPU run's work folder --out as at most 8 files into this folder."
+)
 
 
 def _machine(info: dict) -> str:
@@ -158,7 +190,40 @@ def _summary(measured: dict) -> dict:
     return {k: v for k, v in measured.items() if not k.endswith("_all")}
 
 
+def _check_image() -> None:
+    """Prints what was checked and `ready`, or what is missing (exit status 1)."""
+    startup = gpu_image.startup_modules()
+    imported = {name: module for name, module in sys.modules.items() if name not in startup}
+    wheels_dir = pathlib.Path(_WHEELS_DIR.value)
+    readiness = gpu_image.check(imported, IMAGE_PACKAGES, wheels_dir, ROOT)
+    print("\n".join(readiness.lines(wheels_dir)))
+    if not readiness.ready:
+        sys.exit(1)
+
+
+# Names --modes takes: the report's labels (a mode, `_deadline` when k follows a target rate, `_noskip`).
+MODE_LABELS = {m + d + n for m in spec.MODES for d in ("", "_deadline") for n in ("", "_noskip")}
+
+
+def _selected(specs: list[spec.RunSpec], modes: list[str]) -> list[spec.RunSpec]:
+    """The specs whose mode, as the report labels it, is among `modes`."""
+    selected = [s for s in specs if report.label({"spec": dataclasses.asdict(s)}) in modes]
+    if not selected:
+        cli.fail(f"no run of --sweeps={','.join(_SWEEPS.value)} has a mode among --modes={','.join(modes)}")
+    return selected
+
+
 def main(_):
+    if _CHECK_IMAGE.value:
+        _check_image()
+        return
+    if _GPU_SUMMARY.value:
+        if not _OUT.value:
+            cli.fail("--gpu_summary needs --out (the GPU run's work folder)")
+        wheels = gpu_image.read_wheels(pathlib.Path(_WHEELS_DIR.value))
+        for path in gpu_summary.write(pathlib.Path(_OUT.value), pathlib.Path(_GPU_SUMMARY.value), wheels):
+            print(f"wrote {path}")
+        return
     if _RTC.value:
         _rtc_cost(_CONFIG.value, _CACHE.value or None)
         return
@@ -178,6 +243,8 @@ def main(_):
         _full_forward(cache_dir)
         return
     cfg = _CONFIG.value
+    if unknown := set(_MODES.value) - MODE_LABELS:
+        cli.fail(f"--modes: unknown {sorted(unknown)}; known: {sorted(MODE_LABELS)}")
     print(f"{cfg.name}: roofline and phase times...")
     roof = runner.run_task(cfg, spec.RunSpec("oxygen"), "roofline", cache_dir)
     out = _out_dir(roof)
@@ -193,6 +260,8 @@ def main(_):
             deadline_fractions=tuple(float(f) for f in _DEADLINES.value),
         )
         specs = sweeps.build(_SWEEPS.value, grid, 1e3 / roof["cost_model"]["action_only_frame_ms"])
+    if _MODES.value:
+        specs = _selected(specs, _MODES.value)
     path = {s: out / "runs" / f"{cfg.name}_{s.name}.json" for s in specs}
     if _SKIP_EXISTING.value:
         specs = [s for s in specs if not path[s].exists()]

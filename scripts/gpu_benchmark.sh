@@ -1,54 +1,126 @@
 #!/usr/bin/env bash
-# Full-size pi05 ablation (random init, bf16) on one GPU, all results in one folder, in under 8 minutes;
-# on a host with several GPUs, then the serving benchmark on one GPU and on a mesh over them (scaling and
-# per-device memory: <OUT>/mesh-<mesh>/serving.json).
+# The GPU benchmark as one command on the lent GPU machine, with its image as it is: full-size pi05, random
+# init, bf16, LIBERO layout, N=30. First the roofline (prefill, denoise and decode against the machine's
+# peaks) and the action_only, isolated and oxygen runs (action Hz, tokens/s, the batch state's memory),
+# then, if time is left, the serving benchmark at R=1 and R=4. It stops itself within GPU_BUDGET_S and
+# leaves at most 8 files, flat, in OUT: summary.json, results.md, plots and log_tail.txt.
 #
-#   scripts/gpu_benchmark.sh [OUT_DIR] [MESH]  # default: benchmarks/results/gpu-<gpu name>, data:<GPUs>
+#   bash scripts/gpu_benchmark.sh OUT          # on the GPU machine (OUT: the folder that comes back)
+#   bash scripts/gpu_benchmark.sh --dry-run    # here, in seconds: the image plus .whl/ cover every import
+#   bash scripts/gpu_benchmark.sh --smoke OUT  # here: the same path on CPU with pi05_tiny, few frames
 #
-# Uses .venv when its JAX sees a GPU, else creates .venv-cuda with `pip install -e ".[cuda12]"`.
-# The run is capped (BENCH_TIMEOUT_S, default 450 s); whatever finished is still reported.
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# Nothing is installed with its dependencies: the checkout runs from src/ under the first interpreter
+# whose JAX sees a GPU ($PYTHON, else python3, /opt/torch/.venv/bin/python3, .venv/bin/python), and what
+# the image lacks comes from the wheels in .whl/ (scripts/gpu_wheels.sh), installed without an index.
+# Settings (environment): GPU_BUDGET_S (420), GPU_MODES (action_only,isolated,oxygen), GPU_FRAMES (30),
+# SERVING_SECONDS (8 per serving mode), WHEELS_DIR (.whl), GPU_WORK (the work folder, kept when given;
+# else a temporary one, removed at the end). Exit status 0 when every stage finished, else 1.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+ROOT=$PWD
+USAGE="usage: $0 [--smoke] OUT | --dry-run"
 
-has_gpu() { "$1" -c 'import jax, sys; sys.exit(jax.default_backend() != "gpu")' >/dev/null 2>&1; }
+MODE=gpu
+case "${1:-}" in
+  --dry-run) MODE=dry-run; shift ;;
+  --smoke) MODE=smoke; shift ;;
+  -*) echo "$USAGE" >&2; exit 2 ;;
+esac
+WHEELS=${WHEELS_DIR:-.whl}
+LOG=/dev/null
 
-PY=""
-for venv in .venv .venv-cuda; do
-  if [[ -x "$venv/bin/python" ]] && has_gpu "$venv/bin/python"; then PY="$venv/bin/python"; break; fi
-done
-if [[ -z "$PY" ]]; then
-  echo "no JAX with a GPU backend found; installing .[cuda12] into .venv-cuda" >&2
-  [[ -x .venv-cuda/bin/python ]] || python3 -m venv .venv-cuda
-  .venv-cuda/bin/pip install -q -e ".[cuda12]" || { echo "error: pip install .[cuda12] failed" >&2; exit 1; }
-  PY=.venv-cuda/bin/python
-  has_gpu "$PY" || { echo "error: JAX installed but sees no GPU (driver? CUDA_VISIBLE_DEVICES?)" >&2; exit 1; }
-fi
-
-GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr ' ' '_' || true)
-OUT=${1:-benchmarks/results/gpu-${GPU_NAME:-unknown}}
-mkdir -p "$OUT"
-rm -f "$OUT/quick.json"
-nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1 || true
-
-export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the parallel baseline puts two processes on the GPU
-status=0
-timeout --signal=INT --kill-after=30 "${BENCH_TIMEOUT_S:-450}" "$PY" scripts/benchmark.py --config=pi05 --sweeps=ablation \
-  --frames="${BENCH_FRAMES:-30}" --out="$OUT" 2>&1 | tee "$OUT/benchmark.log" || status=$?
-if [[ ! -f "$OUT/quick.json" && -f "$OUT/roofline.json" ]]; then
-  echo "benchmark stopped early (status $status); reporting the runs that finished" >&2
-  "$PY" scripts/benchmark.py --report_only --out="$OUT" 2>&1 | tee -a "$OUT/benchmark.log"
-fi
-
-# Scaling: the serving benchmark (R robots up to 16, in process) on one GPU, then on the mesh. Each
-# setting records every device's live bytes and its allocator's peak.
-GPUS=$("$PY" -c 'import jax; print(jax.local_device_count())')
-MESH=${2:-data:$GPUS}
-if [[ "$MESH" != "data:1" ]]; then
-  for mesh in data:1 "$MESH"; do
-    timeout --signal=INT --kill-after=30 "${BENCH_TIMEOUT_S:-450}" "$PY" scripts/benchmark.py --config=pi05 \
-      --serving --serving_sweep --serving_seconds="${SERVING_SECONDS:-10}" --mesh="$mesh" \
-      --out="$OUT/mesh-${mesh//[:,]/-}" 2>&1 | tee "$OUT/serving-${mesh//[:,]/-}.log" || status=$?
+# Prints the first candidate interpreter whose JAX backend is $1; says what each candidate has.
+pick_python() {
+  local py backend
+  for py in ${PYTHON:-python3 /opt/torch/.venv/bin/python3 .venv/bin/python}; do
+    backend=$(timeout 120 "$py" -c 'import jax; print(jax.__version__, jax.default_backend())' 2>>"$LOG" |
+      tail -1)
+    echo "$py: jax ${backend:-not importable}" | tee -a "$LOG" >&2
+    if [[ "$backend" == *" $1" ]]; then echo "$py"; return 0; fi
   done
+  return 1
+}
+
+if [[ $MODE == dry-run ]]; then
+  export JAX_PLATFORMS=cpu  # nothing runs: the check imports the benchmark and reads the package list
+  PY=$(pick_python cpu) || { echo "error: no python with JAX here (set PYTHON)" >&2; exit 1; }
+  export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
+  exec "$PY" scripts/benchmark.py --check_image --wheels_dir="$WHEELS"
 fi
-echo "results in $OUT"
-exit "$status"
+
+[[ $# -eq 1 ]] || { echo "$USAGE" >&2; exit 2; }
+mkdir -p "$1" && OUT=$(cd "$1" && pwd) || exit 1
+if [[ -n "${GPU_WORK:-}" ]]; then
+  WORK=$GPU_WORK
+  mkdir -p "$WORK" || exit 1
+else
+  WORK=$(mktemp -d) || exit 1
+fi
+LOG=$WORK/gpu_benchmark.log
+: > "$LOG"
+finish() {
+  tail -c 200000 "$LOG" > "$OUT/log_tail.txt"
+  [[ -n "${GPU_WORK:-}" ]] || rm -rf "$WORK"
+}
+trap finish EXIT
+
+if [[ $MODE == smoke ]]; then
+  export JAX_PLATFORMS=cpu
+  BACKEND=cpu CONFIG=pi05_tiny FRAMES=${GPU_FRAMES:-2} SERVING_SECONDS=${SERVING_SECONDS:-1}
+else
+  BACKEND=gpu CONFIG=pi05 FRAMES=${GPU_FRAMES:-30} SERVING_SECONDS=${SERVING_SECONDS:-8}
+fi
+BUDGET=${GPU_BUDGET_S:-420}
+MODES=${GPU_MODES:-action_only,isolated,oxygen}
+RESERVE=45      # s left after the stages for the summary (and a stage's 15 s to stop after its cap)
+MIN_SERVING=90  # s the serving stage needs: init, compilation, 2 settings x 3 modes x SERVING_SECONDS
+
+log() { echo "$*" | tee -a "$LOG"; }
+left() { echo $((BUDGET - RESERVE - SECONDS)); }
+STATUS=0
+# stage NAME CAP_S CMD...: CMD under a cap (SIGINT, then SIGKILL 15 s later), its output logged; the
+# stage's exit status (124: stopped by the cap) and seconds go to stages.tsv for the summary.
+stage() {
+  local name=$1 cap=$2 start=$SECONDS status
+  shift 2
+  log "== $name: up to $cap s, from $SECONDS s"
+  timeout --signal=INT --kill-after=15 "$cap" "$@" 2>&1 | tee -a "$LOG"
+  status=${PIPESTATUS[0]}
+  printf '%s\t%s\t%s\n' "$name" "$status" "$((SECONDS - start))" >> "$WORK/stages.tsv"
+  ((status == 0)) || STATUS=1
+  return "$status"
+}
+skip() {
+  printf '%s\tskipped\t0\n' "$1" >> "$WORK/stages.tsv"
+  log "== $1: skipped ($2)"
+  STATUS=1
+}
+
+export XLA_PYTHON_CLIENT_PREALLOCATE=false  # the probe, then each stage's processes, take what they use
+timeout 30 nvidia-smi > "$WORK/nvidia-smi.txt" 2>&1 || echo "nvidia-smi: not available" > "$WORK/nvidia-smi.txt"
+PY=$(pick_python "$BACKEND") || { log "error: no python whose JAX backend is $BACKEND (set PYTHON)"; exit 1; }
+SITE=$WORK/site
+shopt -s nullglob
+wheels=("$WHEELS"/*.whl)
+shopt -u nullglob
+if ((${#wheels[@]})); then
+  stage wheels 120 "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$SITE" "${wheels[@]}" || { log "error: the wheels in $WHEELS did not install"; exit 1; }
+fi
+export PYTHONPATH="$ROOT/src:$SITE${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+BENCH=("$PY" scripts/benchmark.py --config="$CONFIG" --jax_cache_dir="$WORK/xla")
+if (($(left) > 0)); then
+  stage ablation "$(left)" "${BENCH[@]}" --sweeps=ablation --modes="$MODES" --frames="$FRAMES" \
+    --out="$WORK/ablation"
+else
+  skip ablation "no time left"
+fi
+if (($(left) >= MIN_SERVING)); then
+  stage serving "$(left)" "${BENCH[@]}" --serving --serving_seconds="$SERVING_SECONDS" --out="$WORK/serving"
+else
+  skip serving "$(left) s left, $MIN_SERVING s needed"
+fi
+stage summary 90 "$PY" scripts/benchmark.py --gpu_summary="$OUT" --out="$WORK" --wheels_dir="$WHEELS"
+log "results in $OUT after $SECONDS s"
+exit "$STATUS"

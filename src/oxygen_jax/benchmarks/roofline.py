@@ -187,6 +187,13 @@ def _decode_step_s(engine: Engine, cache, batch: int, max_new: int, steps: int =
     return _best_s(call, reps=25) / steps  # short calls: more repeats find an undisturbed one
 
 
+def floor(flops: float, nbytes: float, peaks: dict[str, float]) -> tuple[float, str]:
+    """Seconds a phase needs at least at `peaks` (matmul FLOP/s, memory bytes/s), and which one bounds it."""
+    compute_s = flops / peaks["matmul_flops_per_s"]
+    memory_s = nbytes / peaks["bandwidth_bytes_per_s"]
+    return max(compute_s, memory_s), "compute" if compute_s >= memory_s else "bandwidth"
+
+
 def measure(engine: Engine, spec: RunSpec) -> dict:
     """Machine peaks, per-phase times vs floors, and the cost model of the spec's setting (rate 1)."""
     config = engine.config
@@ -215,9 +222,7 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
     )
     phases = []
     for name, (flops, nbytes) in costs.items():
-        compute_s = flops / peaks["matmul_flops_per_s"]
-        memory_s = nbytes / peaks["bandwidth_bytes_per_s"]
-        floor_s = max(compute_s, memory_s)
+        floor_s, bound = floor(flops, nbytes, peaks)
         phases.append(
             {
                 "phase": name,
@@ -225,7 +230,7 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
                 "flops": flops,
                 "bytes": nbytes,
                 "floor_ms": floor_s * 1e3,
-                "bound": "compute" if compute_s >= memory_s else "bandwidth",
+                "bound": bound,
                 "x_floor": seconds[name] / floor_s,
             }
         )
