@@ -78,12 +78,12 @@ def imported_distributions(
     for name, module in modules.items():
         top = name.partition(".")[0]
         file = getattr(module, "__file__", None)
-        if top in sys.stdlib_module_names or not file or os.path.abspath(file).startswith(root):
+        if top in sys.stdlib_module_names or not file:
             continue
         path = os.path.abspath(file)
-        if owner := owners.get(path):
+        if owner := owners.get(path):  # before the checkout test: a virtual env may live inside it
             found.setdefault(owner, set()).add(top)
-        elif not path.startswith(stdlib):  # the standard library's generated modules (_sysconfigdata_*)
+        elif not path.startswith((root, *stdlib)):  # stdlib's generated modules (_sysconfigdata_*)
             unowned.add(top)
     return found, unowned
 
