@@ -30,7 +30,8 @@ from oxygen_jax import config as config_lib
 from oxygen_jax.models import inputs, pi05
 from oxygen_jax.params import load_params
 from oxygen_jax.policies.normalization import load_norm_stats
-from oxygen_jax.training import loop, synthetic, table_demo
+from oxygen_jax.table_task import scoring
+from oxygen_jax.training import loop, synthetic
 from oxygen_jax.training.batch import batch_from_arrays
 from oxygen_jax.training.loss import mean_loss
 from oxygen_jax.training.train_step import TrainSpec
@@ -66,7 +67,7 @@ def _eval_only(cfg) -> None:
             f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.get('robot')!r}"
         )
     try:
-        report = table_demo.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
+        report = scoring.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
     except (ValueError, FileNotFoundError) as e:
         cli.fail(str(e))
     out = pathlib.Path(_OUT.value)

@@ -1,9 +1,11 @@
 """Shared fixtures: the golden reference data computed by upstream openpi on the tiny model."""
 
+import importlib.util
 import pathlib
 import socket
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -12,14 +14,25 @@ from oxygen_jax import checkpoints, config
 from oxygen_jax.models import inputs
 
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+SCRIPTS = pathlib.Path(__file__).resolve().parents[1] / "scripts"
 # Four CPU devices for mesh tests; JAX reads the flag at import, so only a subprocess can take it.
 FORCED_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+
+
+def load_script(name: str) -> types.ModuleType:
+    """`scripts/<name>.py` as a module (scripts are not a package; tests call their functions)."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the script runs
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_benchmark(out: pathlib.Path, *flags: str) -> None:
     """scripts/benchmark.py with `flags`, writing to `out` with its own compilation cache; fails the test
     with the script's stderr when it fails."""
-    script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+    script = SCRIPTS / "benchmark.py"
     cmd = [sys.executable, str(script), *flags, f"--out={out}", f"--jax_cache_dir={out / 'xla'}"]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
     assert run.returncode == 0, run.stderr[-4000:]

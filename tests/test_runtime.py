@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, golden_inputs
 
+from oxygen_jax.benchmarks import arrivals
 from oxygen_jax.engine import api
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
-from oxygen_jax.runtime import arrivals
 from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest

@@ -20,13 +20,12 @@ from conftest import FORCED_DEVICES, GOLDEN, free_port
 from test_policy import E2E, TOKENIZER, make_policy, raw_observation
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
-from oxygen_jax.training import table_demo
+from oxygen_jax.table_task import scenes as table_scenes
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
@@ -291,7 +290,7 @@ def test_serve_script_names_a_malformed_request_while_another_client_continues(g
 def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its_cube(tmp_path):
     """`serve.py --config=pi05_demo` (its shipped checkpoint, streamed language): a table robot sending
     held-out scenes gets each scene's true subtask over its replies and actions near the true chunk."""
-    scenes = table_scenes.scenes(table_demo.HELD_OUT_SEED)
+    scenes = table_scenes.scenes(table_scenes.HELD_OUT_SEED)
     demo = ("--config=pi05_demo",)
     with serve_script(tmp_path, "--max_text_tokens=12", golden=False, model=demo) as (_, port):
         client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from oxygen_jax import config
-from oxygen_jax.evaluation import table_scenes
+from oxygen_jax.lerobot.reader import DatasetError, LeRobotDataset
+from oxygen_jax.lerobot.writer import LeRobotWriter
 from oxygen_jax.policies import normalization
+from oxygen_jax.table_task import dataset as table_dataset
+from oxygen_jax.table_task import scenes as table_scenes
 from oxygen_jax.tokenizer import Tokenizer
-from oxygen_jax.training import table_demo
 from oxygen_jax.training.data import from_config
 from oxygen_jax.training.data.examples import append_target
-from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset
-from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
 from oxygen_jax.training.data.norm_stats import NUM_QUANTILE_BINS, RunningStats
 from oxygen_jax.training.data.prefetch import prefetch
 
@@ -27,7 +27,7 @@ def _record(root, num_scenes=2, frames=4, seed=0):
     scenes = []
     for scene, _ in zip(table_scenes.scenes(seed), range(num_scenes), strict=False):
         for step in range(frames):
-            writer.add_frame(table_demo.frame(scene, step), task=scene.prompt)
+            writer.add_frame(table_dataset.frame(scene, step), task=scene.prompt)
         writer.save_episode()
         scenes.append(scene)
     return scenes

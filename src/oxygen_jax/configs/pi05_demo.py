@@ -1,4 +1,4 @@
-"""The demo model: a small pi0.5 trained on the rendered table task (oxygen_jax.evaluation.table_scenes).
+"""The demo model: a small pi0.5 trained on the rendered table task (oxygen_jax.table_task).
 
 It says which cube it reaches for and where ("reach the red cube on the left") and moves its gripper
 there; its trained checkpoint ships in the package (oxygen_jax/assets/pi05_demo), so every tool that

@@ -3,11 +3,11 @@
 from collections.abc import Mapping
 
 from oxygen_jax import config
+from oxygen_jax.lerobot.reader import LeRobotDataset
 from oxygen_jax.policies.normalization import NormStats
 from oxygen_jax.policies.policy import robot, robot_pipeline
 from oxygen_jax.tokenizer import Tokenizer
 from oxygen_jax.training.data.examples import Columns, FrameSource, TrainExamples
-from oxygen_jax.training.data.lerobot import LeRobotDataset
 from oxygen_jax.training.data.norm_stats import compute_norm_stats
 
 

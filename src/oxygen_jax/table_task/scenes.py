@@ -26,6 +26,9 @@ _X_JITTER = 0.03
 GRIPPER_START = np.array([0.5, 0.85], np.float32)
 # Moves of the gripper from its start to the cube; an episode shows every position on the way.
 STEPS = 5
+# Seeds of the scene streams: held-out scenes never appear in training data.
+TRAIN_SEED = 0
+HELD_OUT_SEED = 1_000_003
 _TABLE = np.array([196, 164, 118], np.uint8)
 _CUBE_HALF = 0.07
 _GRIPPER_RADIUS = 0.05
