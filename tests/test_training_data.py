@@ -196,8 +196,6 @@ def test_prefetched_items_keep_their_order_and_a_producer_error_reaches_the_cons
 def test_recorded_aloha_frames_train_as_the_served_observation(tmp_path):
     """ALOHA observations are nested with CHW cameras; recordings store them under "/"-joined keys as HWC.
     A train example of a recorded frame must equal what serving makes of the observation itself."""
-    import ml_collections
-
     from oxygen_jax.evaluation.recording import recorded_frame
     from oxygen_jax.policies.policy import robot, robot_pipeline
     from oxygen_jax.policies.robot_io import RobotIO
@@ -206,13 +204,8 @@ def test_recorded_aloha_frames_train_as_the_served_observation(tmp_path):
     cfg.robot = "aloha"
     cfg.model.max_token_len = 96  # the prompt carries 14 discretized state values
     cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
-    cfg.data = ml_collections.ConfigDict(
-        dict(
-            repack=(*(f"images/{c}=images/{c}" for c in cams), "state=state"),
-            actions="action",
-            subtask="text",
-        )
-    )
+    cfg.data.repack = (*(f"images/{c}=images/{c}" for c in cams), "state=state")
+    cfg.data.subtask = "text"
     rng = np.random.default_rng(0)
     obs = {
         "images": {c: rng.integers(0, 256, (3, 48, 64), dtype=np.uint8) for c in cams},

@@ -108,10 +108,9 @@ def model_stream(cfg, checkpoint_dir: str | None, seed: int = 0) -> Iterator[tup
     from oxygen_jax import config
     from oxygen_jax.policies.policy import norm_stats_for, robot, robot_pipeline
     from oxygen_jax.policies.robot_io import RobotIO
-    from oxygen_jax.tokenizer import Tokenizer
 
     model_config = config.model_config(cfg)
-    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    tokenizer = config.build_tokenizer(cfg)
     stats = norm_stats_for(cfg, config.checkpoint_for(cfg, checkpoint_dir))
     io = RobotIO(robot(cfg).raw_spec, robot_pipeline(cfg, stats, tokenizer), model_config)
     for scene in scenes(seed):

@@ -44,7 +44,7 @@ def eval_report(cfg: Any, checkpoint_dir: str | None, num_scenes: int) -> dict[s
     kwargs = {"max_text_tokens": cfg.engine.max_new_tokens, "params_dtype": "float32"}
     trained = evaluate(create_policy(cfg, checkpoint_dir, **kwargs), num_scenes)
     untrained_cfg = cfg.copy_and_resolve_references()
-    untrained_cfg.checkpoint_dir = ""
+    untrained_cfg.checkpoint_dir = None
     stats = norm_stats_for(cfg, checkpoint_dir)
     untrained = evaluate(create_policy(untrained_cfg, None, norm_stats=stats, **kwargs), num_scenes)
     return {
