@@ -82,6 +82,7 @@ class ScriptedOperator:
         return next(self._scores)
 
 
+@pytest.mark.integration
 def test_cli_replay_of_a_synthetic_stream(tmp_path):
     proc = subprocess.run(
         [

@@ -121,6 +121,7 @@ def test_sampled_text_equals_alone_with_the_same_seed(engine, variants):
         np.testing.assert_array_equal(result.tokens, alone.tokens)
 
 
+@pytest.mark.integration
 def test_no_compilation_after_warmup(engine, variants):
     manager = KVCacheManager(engine, 4, MAX_NEW)
     scheduler = FrameScheduler(engine, manager, FixedK(1), max_prefill_batch=2)
