@@ -19,11 +19,11 @@ import sys
 import time
 import urllib.request
 
+import hostile_probe  # scripts/hostile_probe.py, beside this script
 from absl import app, flags
 from tqdm import tqdm
 
 from oxygen_jax.policies import aloha, droid, libero
-from oxygen_jax.serving import hostile_probe
 
 _SERVER = flags.DEFINE_string("server", None, "host:port of a running server (default: start one).")
 _ENV = flags.DEFINE_enum("env", "libero", ["libero", "droid", "aloha"], "Robot whose inputs to attack.")

@@ -21,13 +21,13 @@ import tqdm
 from absl import flags
 
 from oxygen_jax import cli, config
-from oxygen_jax.benchmarks import serving
+from oxygen_jax.benchmarks import arrivals, metrics, observations, serving
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.evaluation import table_scenes
-from oxygen_jax.runtime import arrivals, k_policy, metrics, observations
+from oxygen_jax.runtime import k_policy
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import TextRequest
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+from oxygen_jax.table_task import scenes as table_scenes
 
 _MODEL = cli.define_model_flags("pi05_demo")
 _MAX_TEXT = cli.define_max_text_tokens()

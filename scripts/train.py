@@ -30,7 +30,8 @@ from oxygen_jax import config as config_lib
 from oxygen_jax.models import inputs, pi05
 from oxygen_jax.params import load_params
 from oxygen_jax.policies.normalization import load_norm_stats
-from oxygen_jax.training import loop, synthetic, table_demo
+from oxygen_jax.table_task import scoring
+from oxygen_jax.training import loop, synthetic
 from oxygen_jax.training.batch import batch_from_arrays
 from oxygen_jax.training.loss import mean_loss
 from oxygen_jax.training.train_step import TrainSpec
@@ -61,12 +62,10 @@ _EVAL_SCENES = flags.DEFINE_integer("eval_scenes", 100, "Held-out scenes for --e
 def _eval_only(cfg) -> None:
     if not _OUT.value:
         cli.fail("--eval_only needs --out=DIR")
-    if cfg.get("robot") != "table":
-        cli.fail(
-            f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.get('robot')!r}"
-        )
+    if cfg.robot != "table":
+        cli.fail(f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.robot!r}")
     try:
-        report = table_demo.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
+        report = scoring.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
     except (ValueError, FileNotFoundError) as e:
         cli.fail(str(e))
     out = pathlib.Path(_OUT.value)
@@ -119,7 +118,7 @@ def _loss_on(cfg) -> None:
 
 def _norm_stats(cfg):
     """The start checkpoint's norm stats for the config's asset id, else ones computed from the dataset."""
-    if _CHECKPOINT.value and cfg.get("asset_id"):
+    if _CHECKPOINT.value and cfg.asset_id:
         try:
             return load_norm_stats(checkpoints.norm_stats_path(_CHECKPOINT.value, cfg.asset_id))
         except FileNotFoundError:
@@ -140,8 +139,7 @@ def _batches(cfg, norm_stats):
     from oxygen_jax.training.data.from_config import train_examples
 
     examples = train_examples(cfg, _DATASET.value, norm_stats)
-    text_fraction = cfg.data.get("text_fraction", 1.0) if "data" in cfg else 1.0
-    return examples.batches(batch_size, seed=cfg.seed, text_fraction=text_fraction)
+    return examples.batches(batch_size, seed=cfg.seed, text_fraction=cfg.data.text_fraction)
 
 
 def _train(cfg) -> None:

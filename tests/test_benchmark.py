@@ -44,6 +44,7 @@ def _runs(out: pathlib.Path) -> dict[str, dict]:
     return {p.stem: json.loads(p.read_text()) for p in (out / "runs").glob("*.json")}
 
 
+@pytest.mark.integration
 def test_every_mode_runs_with_documented_fields(results):
     runs = _runs(results)
     ablation = {
@@ -66,6 +67,7 @@ def test_every_mode_runs_with_documented_fields(results):
     assert ablation["oxygen"]["state_bytes"] > 0 and ablation["oxygen"]["slots"] == 6
 
 
+@pytest.mark.integration
 def test_quick_json_schema(results):
     quick = json.loads((results / "quick.json").read_text())
     assert set(sweeps.QUICK_MODES) <= quick["modes"].keys()
@@ -76,6 +78,7 @@ def test_quick_json_schema(results):
     assert quick["memory"]["state_bytes"] > 0
 
 
+@pytest.mark.integration
 def test_roofline_and_report(results):
     roof = json.loads((results / "roofline.json").read_text())
     assert roof["machine"]["matmul_flops_per_s"] > 0 and roof["machine"]["bandwidth_bytes_per_s"] > 0

@@ -98,6 +98,7 @@ def test_run_shows_layout_drain_and_token_ids(tmp_path):
     assert "Unable to initialize backend" not in run.stderr
 
 
+@pytest.mark.integration
 def test_main_job_says_each_scenes_true_subtask(tmp_path):
     """The README's main job (run.py on its default, the shipped pi05_demo): every finished request says
     the true subtask of the rendered scene it arrived on, and the printout shows both."""

@@ -79,6 +79,7 @@ def check_episode(episode: dict, steps: int, replan_steps: int) -> None:
     assert all(isinstance(t["text"], str) for t in episode["texts"])
 
 
+@pytest.mark.integration
 def test_cli_local_episode_writes_results_and_video(simulator, tmp_path):
     run_cli(
         "--config=pi05_tiny",

@@ -82,6 +82,7 @@ class ScriptedOperator:
         return next(self._scores)
 
 
+@pytest.mark.integration
 def test_cli_replay_of_a_synthetic_stream(tmp_path):
     proc = subprocess.run(
         [
@@ -186,9 +187,9 @@ def test_robot_command_binarizes_the_gripper_and_clips():
 
 
 def test_recorded_rollouts_are_a_lerobot_dataset_the_trainer_reads(tmp_path):
+    from oxygen_jax.lerobot.reader import LeRobotDataset
+    from oxygen_jax.lerobot.writer import LeRobotWriter
     from oxygen_jax.training.data.examples import Columns, FrameSource
-    from oxygen_jax.training.data.lerobot import LeRobotDataset
-    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
 
     policy = StandInPolicy()
     cameras = droid.Cameras(left_id="111", right_id="222", wrist_id="333", external="left")

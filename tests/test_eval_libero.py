@@ -37,6 +37,7 @@ needs_libero = pytest.mark.skipif(
 )
 
 
+@pytest.mark.integration
 @needs_libero
 def test_cli_local_episode_writes_results_and_video(tmp_path):
     try:

@@ -51,6 +51,7 @@ def _single_prefill(engine, obs, rows, suffixes, width):
     return pi05.PrefixCache(k=k, v=v, mask=mask, positions=positions, length=mask.sum(1), last_hidden=last)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("mode", ["bidirectional", "causal_text"])
 def test_extension_equals_single_prefill_with_causal_suffix(golden_params, tiny_config, golden_obs, mode):
     """Three tasks on two observations (one with a masked camera): the extended rows' valid K/V, next

@@ -2,16 +2,16 @@
 kind of request and transport fault, beside a healthy robot that checks its own replies."""
 
 import json
-import pathlib
 import subprocess
 import sys
 
 import pytest
+from conftest import SCRIPTS, load_script
 
 from oxygen_jax.policies import libero
-from oxygen_jax.serving import hostile_probe
 
-SCRIPT = pathlib.Path(__file__).parents[1] / "scripts" / "probe_isolation.py"
+hostile_probe = load_script("hostile_probe")
+SCRIPT = SCRIPTS / "probe_isolation.py"
 
 
 def test_hostile_kinds_each_break_one_thing_of_a_valid_observation():

@@ -10,6 +10,8 @@ from conftest import GOLDEN, golden_inputs
 
 from oxygen_jax.models import inputs
 
+pytestmark = pytest.mark.integration
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -11,9 +11,9 @@ import tomllib
 from importlib import metadata
 
 import pytest
+from conftest import project_copy
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from test_packaging import project_copy
 
 from oxygen_jax.evaluation import mujoco_pair
 

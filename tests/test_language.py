@@ -74,6 +74,7 @@ def test_bidirectional_teacher_forcing_matches_openpi(engine, golden_obs, text_o
     np.testing.assert_allclose(full[:, 1:], text_openpi["tf/logprobs"][:, :-1], rtol=0, atol=ATOL_LOGPROBS)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("case", ["elem0", "elem0_subtask_prompt"])
 @pytest.mark.parametrize("matvec_split", [1, 4])
 def test_causal_text_matches_oxygen_reference(
@@ -102,6 +103,7 @@ def test_causal_text_matches_oxygen_reference(
     np.testing.assert_allclose(out.logprobs, emitted, rtol=0, atol=ATOL_LOGPROBS)
 
 
+@pytest.mark.integration
 def test_masked_camera_is_invisible(engine, golden_params, tiny_config, golden_obs, text_openpi):
     """Row 1 masks its right wrist camera: same text as a model that never had that camera's tokens."""
     masked = _rows(golden_obs, [1])
@@ -122,6 +124,7 @@ def test_masked_camera_is_invisible(engine, golden_params, tiny_config, golden_o
     np.testing.assert_allclose(first, text_openpi["compact_elem1/first_logprobs"], rtol=0, atol=ATOL_LOGPROBS)
 
 
+@pytest.mark.integration
 def test_shared_prefill_feeds_actions_and_text(golden_params, tiny_config, golden_obs, model_io):
     engine = Engine(golden_params, tiny_config, eos_id=-1)
     actions, text = engine.act_and_speak(golden_obs, model_io["in/noise"], 10, STEPS)
@@ -135,6 +138,7 @@ def test_shared_prefill_feeds_actions_and_text(golden_params, tiny_config, golde
     np.testing.assert_array_equal(text.logprobs, alone.logprobs)
 
 
+@pytest.mark.integration
 def test_batched_rows_decode_as_alone(engine, model_io, text_oxygen, golden_obs):
     """Different prompts, camera masks and stop times in one batch: each row as if decoded alone."""
     subtask = dataclasses.replace(
@@ -154,6 +158,7 @@ def test_batched_rows_decode_as_alone(engine, model_io, text_oxygen, golden_obs)
         assert (np.asarray(out.tokens[row, out.lengths[row] :]) == 0).all()
 
 
+@pytest.mark.integration
 def test_sampling_is_reproducible_and_top_p_small_is_greedy(engine, golden_obs):
     cache = engine.prefill(golden_obs)
     key = 7
@@ -167,6 +172,7 @@ def test_sampling_is_reproducible_and_top_p_small_is_greedy(engine, golden_obs):
     np.testing.assert_array_equal(nucleus.tokens, engine.generate(cache, 8).tokens)
 
 
+@pytest.mark.integration
 def test_skipping_a_camera_masked_in_every_row_changes_nothing(
     golden_params, tiny_config, golden_obs, model_io
 ):

@@ -1,4 +1,5 @@
-"""The layering of docs/engine.md: a package imports only the packages below it, never one above."""
+"""The layering of docs/engine.md: a package imports only the packages below it, never one above nor a peer
+of its own layer; packages beside the stack import no layer above the engine."""
 
 import ast
 import pathlib
@@ -6,18 +7,22 @@ import pathlib
 import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "oxygen_jax"
-# Lowest first; the top-level modules (config, checkpoints, params, tokenizer, cli, ...) sit beside.
+# Lowest first.
 LAYERS = {
     "client": -1,  # robot side, next to openpi-client: below every layer, so it imports none of them
     "models": 0,
     "engine": 1,
     "runtime": 2,
     "policies": 3,
-    "serving": 4,
-    "evaluation": 4,
-    "benchmarks": 4,
-    "training": 4,
+    "table_task": 4,
+    "serving": 5,
+    "evaluation": 5,
+    "benchmarks": 5,
+    "training": 5,
 }
+# Beside the stack, importable from any layer: the top-level modules (config, checkpoints, params,
+# tokenizer, cli, ...), configs/ and the LeRobot dataset format.
+BESIDE = ("configs", "lerobot")
 
 
 def _imported_packages(path: pathlib.Path) -> set[str]:
@@ -32,22 +37,53 @@ def _imported_packages(path: pathlib.Path) -> set[str]:
     return found
 
 
+def _imports(files) -> set[tuple[str, str]]:
+    """(file, imported package) for every oxygen_jax import in `files`."""
+    return {(str(path.relative_to(PACKAGE)), name) for path in files for name in _imported_packages(path)}
+
+
+def _package_imports(package: str) -> set[tuple[str, str]]:
+    return _imports((PACKAGE / package).rglob("*.py"))
+
+
+def _imports_above(level: int, imports: set[tuple[str, str]]) -> set[str]:
+    return {f"{path} imports {name}" for path, name in imports if LAYERS.get(name, -1) > level}
+
+
+def test_every_package_has_a_room():
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    assert packages == set(LAYERS) | set(BESIDE)
+
+
 @pytest.mark.parametrize("package", sorted(LAYERS))
 def test_package_imports_nothing_above_it(package):
-    upward = {
-        f"{path.relative_to(PACKAGE)} imports {name}"
-        for path in (PACKAGE / package).rglob("*.py")
-        for name in _imported_packages(path)
-        if LAYERS.get(name, -1) > LAYERS[package]
+    assert not _imports_above(LAYERS[package], _package_imports(package))
+
+
+def _peer_imports(package: str, imports: set[tuple[str, str]]) -> set[str]:
+    return {
+        f"{path} imports {name}"
+        for path, name in imports
+        if name != package and LAYERS.get(name) == LAYERS[package]
     }
-    assert not upward
+
+
+@pytest.mark.parametrize("package", sorted(LAYERS))
+def test_package_imports_no_peer_of_its_layer(package):
+    assert not _peer_imports(package, _package_imports(package))
+
+
+def test_the_peer_check_catches_evaluation_importing_training(tmp_path):
+    module = tmp_path / "recording.py"
+    module.write_text("from oxygen_jax.training.data import lerobot_writer\nimport oxygen_jax.policies\n")
+    imports = {("evaluation/recording.py", name) for name in _imported_packages(module)}
+    assert _peer_imports("evaluation", imports) == {"evaluation/recording.py imports training"}
+
+
+@pytest.mark.parametrize("package", BESIDE)
+def test_packages_beside_the_stack_import_no_layer_above_the_engine(package):
+    assert not _imports_above(LAYERS["engine"], _package_imports(package))
 
 
 def test_top_level_modules_import_no_layer_above_the_engine():
-    upward = {
-        f"{path.name} imports {name}"
-        for path in PACKAGE.glob("*.py")
-        for name in _imported_packages(path)
-        if LAYERS.get(name, -1) > LAYERS["engine"]
-    }
-    assert not upward
+    assert not _imports_above(LAYERS["engine"], _imports(PACKAGE.glob("*.py")))

@@ -90,12 +90,14 @@ def sharded(request, runs) -> tuple[str, dict[str, np.ndarray]]:
     return request.param, {k: v for k, v in runs.items() if k.startswith("single/")} | mesh_results
 
 
+@pytest.mark.integration
 def test_sharded_actions_equal_single_device_actions(sharded):
     _, r = sharded
     scale = np.abs(r["single/actions"]).max()
     np.testing.assert_allclose(r["mesh/actions"], r["single/actions"], rtol=0, atol=1e-5 * scale)
 
 
+@pytest.mark.integration
 def test_sharded_greedy_text_equals_single_device_text(sharded):
     _, r = sharded
     np.testing.assert_array_equal(r["mesh/text"], r["single/text"])
@@ -103,12 +105,14 @@ def test_sharded_greedy_text_equals_single_device_text(sharded):
     np.testing.assert_allclose(r["mesh/text_logprobs"], r["single/text_logprobs"], rtol=0, atol=1e-5)
 
 
+@pytest.mark.integration
 def test_sharded_sampled_text_equals_single_device_text(sharded):
     """Temperature 1 with the same seeds: any difference in the distribution would show."""
     _, r = sharded
     np.testing.assert_array_equal(r["mesh/sampled_text"], r["single/sampled_text"])
 
 
+@pytest.mark.integration
 def test_sharded_prefix_keys_are_close_to_single_device_keys(sharded):
     """K goes through RoPE, whose angles XLA may round differently once partitioned: close, not equal."""
     _, r = sharded
@@ -116,6 +120,7 @@ def test_sharded_prefix_keys_are_close_to_single_device_keys(sharded):
     np.testing.assert_allclose(r["mesh/k"], r["single/k"], rtol=0, atol=1e-4 * scale)
 
 
+@pytest.mark.integration
 def test_batch_state_slots_lie_on_the_data_axis(sharded):
     _, r = sharded
     assert str(r["mesh/state_k_spec"]) == "('data',)"
@@ -124,12 +129,14 @@ def test_batch_state_slots_lie_on_the_data_axis(sharded):
     assert str(r["mesh/cache_k_spec"]).startswith("(None, 'data'")
 
 
+@pytest.mark.integration
 def test_model_axis_splits_attention_heads(sharded):
     """Both meshes name the model axis (size 1 under data:4, where it splits nothing)."""
     _, r = sharded
     assert str(r["mesh/q_spec"]) == "(None, 'model', None)"
 
 
+@pytest.mark.integration
 def test_served_frames_on_a_mesh_equal_single_device_and_never_compile(sharded):
     """3 frames of robots 0-2 (each frame's actions and text are the engine's on those rows)."""
     _, r = sharded
@@ -141,6 +148,7 @@ def test_served_frames_on_a_mesh_equal_single_device_and_never_compile(sharded):
     assert int(r["mesh/served_compiles"]) == 0
 
 
+@pytest.mark.integration
 def test_language_slots_spread_evenly_over_the_data_axis(sharded):
     spec, r = sharded
     data = mesh.parse_mesh(spec, num_devices=4)["data"]

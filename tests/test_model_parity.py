@@ -33,6 +33,7 @@ def test_tiny_param_tree_matches_openpi(tiny_config):
     assert _leaves(pi05.param_shapes(tiny_config)) == _golden_tree("param_tree.json")
 
 
+@pytest.mark.integration
 def test_runtime_layout_is_openpi_layout_per_layer_and_d_first(tiny_config):
     """The engine's runtime layout holds openpi's stacked tree: layer i's tree (`layers_i`) is the
     stacked tree at i, with the attention q/kv weights' D axis moved to the front; and it is the tree the

@@ -105,6 +105,7 @@ def _outputs(nb) -> tuple[str, int]:
     return "\n".join(texts), images
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(900)
 def test_quickstart_runs(kernel, monkeypatch):
     monkeypatch.setenv("OXYGEN_NB_FRAMES", "16")

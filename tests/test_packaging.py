@@ -2,21 +2,13 @@
 
 import os
 import pathlib
-import shutil
 import subprocess
 import sys
 
 import pytest
+from conftest import project_copy
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-
-
-def project_copy(folder: pathlib.Path) -> pathlib.Path:
-    """What the wheel is made of, copied to `folder` (setuptools builds in the source folder)."""
-    shutil.copytree(ROOT / "src", folder / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        shutil.copy(ROOT / name, folder / name)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -4,40 +4,11 @@ import json
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
-
-from oxygen_jax.policies.policy import create_policy
+from conftest import ACTIONS_ATOL, E2E, GOLDEN, VARIANTS, make_policy, raw_observation
 
 pytestmark = pytest.mark.timeout(60)
 
-# Read once into memory: an NpzFile parses headers lazily and is not safe across the tests' client threads.
-with np.load(GOLDEN / "policy_e2e.npz") as _npz:
-    E2E = dict(_npz)
 DESCRIPTION = json.loads((GOLDEN / "policy_e2e.json").read_text())
-TOKENIZER = str(GOLDEN / "tokenizer" / "tiny_paligemma_standin.model")
-VARIANTS = {"dsi0": False, "dsi1": True}
-ACTIONS_ATOL = 1e-4
-
-
-def make_policy(tag: str, params_dtype: str = "bfloat16", max_text_tokens: int = 0):
-    return create_policy(
-        "pi05_tiny",
-        str(GOLDEN / "checkpoint"),
-        tokenizer_path=TOKENIZER,
-        max_text_tokens=max_text_tokens,
-        params_dtype=params_dtype,
-        overrides={
-            "model.discrete_state_input": VARIANTS[tag],
-            "asset_id": "physical-intelligence/libero",
-        },
-    )
-
-
-def raw_observation() -> dict:
-    """The golden raw LIBERO observation, unbatched, as a robot sends it."""
-    return {key.removeprefix("in/"): E2E[key] for key in E2E if key.startswith("in/observation/")} | {
-        "prompt": str(E2E["in/prompt"])
-    }
 
 
 @pytest.fixture(scope="module")

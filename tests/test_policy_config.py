@@ -4,8 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
-from test_policy import ACTIONS_ATOL, E2E, TOKENIZER, raw_observation
+from conftest import ACTIONS_ATOL, E2E, GOLDEN, TOKENIZER, raw_observation
 
 from oxygen_jax import config
 from oxygen_jax.errors import ConfigError

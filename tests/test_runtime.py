@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 from conftest import GOLDEN, golden_inputs
 
+from oxygen_jax.benchmarks import arrivals
 from oxygen_jax.engine import api
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
-from oxygen_jax.runtime import arrivals
 from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest
@@ -121,6 +121,7 @@ def test_sampled_text_equals_alone_with_the_same_seed(engine, variants):
         np.testing.assert_array_equal(result.tokens, alone.tokens)
 
 
+@pytest.mark.integration
 def test_no_compilation_after_warmup(engine, variants):
     manager = KVCacheManager(engine, 4, MAX_NEW)
     scheduler = FrameScheduler(engine, manager, FixedK(1), max_prefill_batch=2)

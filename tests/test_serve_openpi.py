@@ -6,9 +6,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import GOLDEN
-from test_policy import E2E, TOKENIZER, make_policy, raw_observation
-from test_serving_session import SERVE, serve_script
+from conftest import E2E, GOLDEN, SERVE, TOKENIZER, make_policy, raw_observation, serve_script
 
 from oxygen_jax.policies import normalization
 from oxygen_jax.policies.policy import create_policy
@@ -20,6 +18,7 @@ from oxygen_jax.serving.websocket_server import BackgroundServer
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.timeout(180),
     # openpi-client's own use of websockets; not ours to fix.
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),

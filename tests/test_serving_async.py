@@ -6,8 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import websockets.sync.client
-from test_policy import make_policy, raw_observation
-from test_serving_session import MAX_TEXT_TOKENS, answers_alone, run_client
+from conftest import MAX_TEXT_TOKENS, answers_alone, make_policy, raw_observation, run_client
 from websockets.exceptions import ConnectionClosed
 
 from oxygen_jax.engine.compile_counter import CompileCounter
@@ -21,6 +20,7 @@ from oxygen_jax.serving.websocket_server import BackgroundServer
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.timeout(300),
     # openpi-client's own use of websockets; not ours to fix.
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),

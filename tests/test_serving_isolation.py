@@ -4,8 +4,8 @@ import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import numpy as np
 import pytest
+from conftest import make_policy, raw_observation
 from hypothesis import HealthCheck, given, settings
-from test_policy import make_policy, raw_observation
 
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest

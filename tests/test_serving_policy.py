@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_policy import make_policy, raw_observation
+from conftest import make_policy, raw_observation
 
 from oxygen_jax.serving.policy_backend import PolicyServerBackend
 from oxygen_jax.serving.websocket_server import BackgroundServer
@@ -85,6 +85,7 @@ def test_bad_request_is_named_and_the_client_keeps_working(server, noises, bad, 
     assert client.infer(raw_observation() | {"noise": noises[0]})["actions"].shape == (10, 7)
 
 
+@pytest.mark.integration
 def test_concurrent_clients_get_their_own_answers(server, policy, noises):
     expected = [policy.infer(raw_observation(), noise=noise)["actions"] for noise in noises]
 
@@ -105,6 +106,7 @@ def test_concurrent_clients_get_their_own_answers(server, policy, noises):
             np.testing.assert_array_equal(actions, expected[which])
 
 
+@pytest.mark.integration
 def test_text_tasks_in_a_request_reply_one_text_per_task(server, policy, noises):
     """Three named tasks from one served request equal the local Policy.infer with the same tasks; a
     bad task fails that request only, with a one-line error."""

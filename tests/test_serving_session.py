@@ -1,32 +1,34 @@
 """Several robots served at once through the frame-loop session, with streamed language, and serve.py."""
 
-import contextlib
 import itertools
-import os
-import pathlib
 import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import websockets.sync.client
-from conftest import FORCED_DEVICES, GOLDEN, free_port
-from test_policy import E2E, TOKENIZER, make_policy, raw_observation
+from conftest import (
+    E2E,
+    FORCED_DEVICES,
+    MAX_TEXT_TOKENS,
+    answers_alone,
+    client_observation,
+    make_policy,
+    raw_observation,
+    run_client,
+    serve_script,
+    text_budget,
+)
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
-from oxygen_jax.training import table_demo
+from oxygen_jax.table_task import scenes as table_scenes
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
@@ -40,19 +42,6 @@ pytestmark = [
 N_CLIENTS = 3
 N_REQUESTS = 20
 N_NOISES = 4
-MAX_TEXT_TOKENS = 5
-PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
-SERVE = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "serve.py"
-
-
-def text_budget(client: int) -> int:
-    """Each client asks for its own text length, so text given to the wrong client shows (the tiny
-    model's greedy text repeats one token and never stops early: its length is the budget)."""
-    return 3 + client % (MAX_TEXT_TOKENS - 2)
-
-
-def client_observation(client: int) -> dict:
-    return raw_observation() | {"prompt": PROMPTS[client]}
 
 
 @pytest.fixture(scope="module")
@@ -74,37 +63,6 @@ def session(policy):
 @pytest.fixture(scope="module")
 def noises() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((N_NOISES, 10, 32)).astype(np.float32)
-
-
-def answers_alone(policy, noises: np.ndarray, clients: int) -> tuple[dict, dict]:
-    """What `Policy.infer` answers each client's observation alone: actions per (client, noise index),
-    and its text per client."""
-    actions = {
-        (client, which): policy.infer(client_observation(client), noise=noise, prompt_for_text=False)[
-            "actions"
-        ]
-        for client in range(clients)
-        for which, noise in enumerate(noises)
-    }
-    texts = {
-        client: policy.infer(client_observation(client), max_text_tokens=text_budget(client))
-        for client in range(clients)
-    }
-    return actions, texts
-
-
-def run_client(
-    client: int, port: int, noises: np.ndarray, requests: int, **options
-) -> list[tuple[int, dict]]:
-    """One openpi client's requests, each with the next noise (so requests in flight together carry
-    different noises); its replies with the noise index each used."""
-    connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-    replies = []
-    for request in range(requests):
-        which = (client + request) % len(noises)
-        obs = client_observation(client) | {"noise": noises[which], "max_text_tokens": text_budget(client)}
-        replies.append((which, connection.infer(obs | options)))
-    return replies
 
 
 @pytest.fixture(scope="module")
@@ -202,49 +160,6 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
     session.stop()
 
 
-@contextlib.contextmanager
-def serve_script(
-    log_dir: pathlib.Path,
-    *flags: str,
-    golden: bool = True,
-    env: dict[str, str] | None = None,
-    model: tuple[str, ...] = ("--env=libero", "--config=pi05_tiny"),
-) -> Iterator[tuple[subprocess.Popen, int]]:
-    """`scripts/serve.py` on the `model` flags (the tiny config) in a subprocess, until it answers
-    /healthz; on the golden checkpoint and tokenizer unless `golden` is False (then the config's own
-    checkpoint, else random-initialized); `env` adds variables."""
-    port = free_port()
-    checkpoint = [f"--checkpoint_dir={GOLDEN / 'checkpoint'}", f"--tokenizer_path={TOKENIZER}"]
-    command = [
-        sys.executable,
-        str(SERVE),
-        *model,
-        *(checkpoint if golden else []),
-        f"--port={port}",
-        "--max_text_tokens=0",  # openpi's server: actions only (text is the config's default otherwise)
-        *flags,
-    ]
-    # The servers share compiled programs, so only the first one pays for compiling the prefill.
-    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(log_dir.parent / "jax_cache"), **(env or {})}
-    log = log_dir / f"serve_{port}.log"
-    with log.open("w") as stderr:
-        process = subprocess.Popen(command, stdout=stderr, stderr=stderr, env=env)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                break
-            except OSError:
-                assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-                time.sleep(0.1)
-        yield process, port
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-
-
 @pytest.fixture(scope="module")
 def golden_server(tmp_path_factory):
     with serve_script(
@@ -257,6 +172,7 @@ def golden_observation() -> dict:
     return raw_observation() | {"noise": E2E["in/noise"]}
 
 
+@pytest.mark.integration
 def test_serve_script_answers_like_openpi(golden_server):
     _, port = golden_server
     client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
@@ -265,6 +181,7 @@ def test_serve_script_answers_like_openpi(golden_server):
     np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_serve_script_names_a_malformed_request_while_another_client_continues(golden_server):
     _, port = golden_server
     results: list[np.ndarray] = []
@@ -288,10 +205,11 @@ def test_serve_script_names_a_malformed_request_while_another_client_continues(g
         np.testing.assert_allclose(actions, E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
 
 
+@pytest.mark.integration
 def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its_cube(tmp_path):
     """`serve.py --config=pi05_demo` (its shipped checkpoint, streamed language): a table robot sending
     held-out scenes gets each scene's true subtask over its replies and actions near the true chunk."""
-    scenes = table_scenes.scenes(table_demo.HELD_OUT_SEED)
+    scenes = table_scenes.scenes(table_scenes.HELD_OUT_SEED)
     demo = ("--config=pi05_demo",)
     with serve_script(tmp_path, "--max_text_tokens=12", golden=False, model=demo) as (_, port):
         client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
@@ -306,12 +224,14 @@ def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its
             assert errors.mean() < 0.02, errors.mean()
 
 
+@pytest.mark.integration
 def test_serve_script_exits_cleanly_on_sigterm(golden_server):
     process, _ = golden_server
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=30) == 0
 
 
+@pytest.mark.integration
 def test_serve_script_takes_config_overrides(tmp_path_factory):
     flags = ("--config.model.discrete_state_input=False", "--config.model.action_horizon=16")
     with serve_script(tmp_path_factory.mktemp("serve"), *flags) as (process, port):
@@ -322,6 +242,7 @@ def test_serve_script_takes_config_overrides(tmp_path_factory):
         assert process.wait(timeout=30) == 0
 
 
+@pytest.mark.integration
 @pytest.mark.timeout(300)  # two meshes' programs to compile before the server answers
 def test_serve_script_round_trip_on_a_2x2_mesh(tmp_path_factory):
     """Two robots against serve.py on a data:2,model:2 mesh get openpi's actions and the text the

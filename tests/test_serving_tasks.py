@@ -4,8 +4,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from test_policy import make_policy, raw_observation
-from test_serving_session import MAX_TEXT_TOKENS, client_observation, run_client, text_budget
+from conftest import (
+    MAX_TEXT_TOKENS,
+    client_observation,
+    make_policy,
+    raw_observation,
+    run_client,
+    text_budget,
+)
 
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime.k_policy import DelayBoundK
@@ -16,6 +22,7 @@ from oxygen_jax.serving.websocket_server import BackgroundServer
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.timeout(600),
     pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
 ]

@@ -17,6 +17,7 @@ import msgpack
 import numpy as np
 import pytest
 import websockets.sync.client
+from conftest import wait_until_healthy
 from websockets.exceptions import ConnectionClosed
 
 from oxygen_jax.serving import msgpack_numpy
@@ -370,14 +371,7 @@ def test_serve_drains_in_flight_requests_on_signal(sig):
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "server did not come up"
-                time.sleep(0.05)
+        wait_until_healthy(proc, port, 20, lambda: "server did not come up")
         busy, idle = connect(port), connect(port)
         with ThreadPoolExecutor(1) as pool:
             in_flight = pool.submit(busy.infer, {"state": np.ones(2), "sleep_s": 1.0})

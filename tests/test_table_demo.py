@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from oxygen_jax import config
-from oxygen_jax.evaluation import table_scenes
 from oxygen_jax.models import siglip
+from oxygen_jax.table_task import scenes as table_scenes
 from oxygen_jax.tokenizer import Tokenizer
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_policy import E2E, make_policy, raw_observation
+from conftest import E2E, make_policy, raw_observation
 
 from oxygen_jax.policies.policy import MAX_TASK_TOKENS
 

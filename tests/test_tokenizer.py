@@ -1,19 +1,17 @@
 """Tokenizer parity with openpi's PaliGemma prompt formats, checked on the golden stand-in model."""
 
-import importlib.util
 import json
 import logging
 import pathlib
 import uuid
-from types import ModuleType
 
 import fsspec
 import numpy as np
 import pytest
+from conftest import GOLDEN, load_script
 
 from oxygen_jax.tokenizer import Tokenizer, discretize_state, resolve_tokenizer_path
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "golden"
 STANDIN = GOLDEN / "tokenizer" / "tiny_paligemma_standin.model"
 CASES = json.loads((GOLDEN / "tokenizer" / "tokenizer_cases.json").read_text())["cases"]
 # The prompt of batch element 0 in model_io.npz, from which the golden subtask prompt was made.
@@ -145,15 +143,6 @@ def test_detokenize_rejects_batches(tok: Tokenizer) -> None:
         tok.detokenize(np.zeros((2, 3), np.int32))
 
 
-def _load_standin_script() -> ModuleType:
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "make_standin_tokenizer.py"
-    spec = importlib.util.spec_from_file_location("make_standin_tokenizer", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_bundled_standin_resolves_and_loads() -> None:
     path = resolve_tokenizer_path("standin")
     assert path.is_file() and path.parent.name == "assets"
@@ -176,7 +165,7 @@ def test_bundled_standin_round_trips() -> None:
 
 
 def test_standin_script_is_deterministic_and_matches_asset() -> None:
-    script = _load_standin_script()
+    script = load_script("make_standin_tokenizer")
     first = script.train_standin_tokenizer()
     assert first == script.train_standin_tokenizer()
     assert first == resolve_tokenizer_path("standin").read_bytes()

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from oxygen_jax import config
-from oxygen_jax.evaluation import table_scenes
+from oxygen_jax.lerobot.reader import DatasetError, LeRobotDataset
+from oxygen_jax.lerobot.writer import LeRobotWriter
 from oxygen_jax.policies import normalization
+from oxygen_jax.table_task import dataset as table_dataset
+from oxygen_jax.table_task import scenes as table_scenes
 from oxygen_jax.tokenizer import Tokenizer
-from oxygen_jax.training import table_demo
 from oxygen_jax.training.data import from_config
 from oxygen_jax.training.data.examples import append_target
-from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset
-from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
 from oxygen_jax.training.data.norm_stats import NUM_QUANTILE_BINS, RunningStats
 from oxygen_jax.training.data.prefetch import prefetch
 
@@ -27,7 +27,7 @@ def _record(root, num_scenes=2, frames=4, seed=0):
     scenes = []
     for scene, _ in zip(table_scenes.scenes(seed), range(num_scenes), strict=False):
         for step in range(frames):
-            writer.add_frame(table_demo.frame(scene, step), task=scene.prompt)
+            writer.add_frame(table_dataset.frame(scene, step), task=scene.prompt)
         writer.save_episode()
         scenes.append(scene)
     return scenes
@@ -196,8 +196,6 @@ def test_prefetched_items_keep_their_order_and_a_producer_error_reaches_the_cons
 def test_recorded_aloha_frames_train_as_the_served_observation(tmp_path):
     """ALOHA observations are nested with CHW cameras; recordings store them under "/"-joined keys as HWC.
     A train example of a recorded frame must equal what serving makes of the observation itself."""
-    import ml_collections
-
     from oxygen_jax.evaluation.recording import recorded_frame
     from oxygen_jax.policies.policy import robot, robot_pipeline
     from oxygen_jax.policies.robot_io import RobotIO
@@ -206,13 +204,8 @@ def test_recorded_aloha_frames_train_as_the_served_observation(tmp_path):
     cfg.robot = "aloha"
     cfg.model.max_token_len = 96  # the prompt carries 14 discretized state values
     cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
-    cfg.data = ml_collections.ConfigDict(
-        dict(
-            repack=(*(f"images/{c}=images/{c}" for c in cams), "state=state"),
-            actions="action",
-            subtask="text",
-        )
-    )
+    cfg.data.repack = (*(f"images/{c}=images/{c}" for c in cams), "state=state")
+    cfg.data.subtask = "text"
     rng = np.random.default_rng(0)
     obs = {
         "images": {c: rng.integers(0, 256, (3, 48, 64), dtype=np.uint8) for c in cams},

@@ -83,6 +83,7 @@ def full_run(cfg, dataset, norm_stats, tmp_path_factory):
     return run_dir, state
 
 
+@pytest.mark.integration
 def test_steps_on_a_tiny_synthetic_set_lower_the_loss(full_run):
     run_dir, _ = full_run
     rows = [json.loads(line) for line in (run_dir / loop.METRICS_FILE).read_text().splitlines()]
@@ -94,6 +95,7 @@ def test_steps_on_a_tiny_synthetic_set_lower_the_loss(full_run):
     assert (run_dir / loop.PLOT_FILE).stat().st_size > 1000
 
 
+@pytest.mark.integration
 def test_run_is_in_openpi_layout(full_run, cfg, norm_stats):
     run_dir, state = full_run
     assert sorted(p.name for p in run_dir.iterdir() if p.is_dir()) == [str(STEPS)]  # max_to_keep 1
@@ -110,6 +112,7 @@ def test_run_is_in_openpi_layout(full_run, cfg, norm_stats):
         np.testing.assert_array_equal(value, np.asarray(ema[path]), err_msg=path)  # the EMA is served
 
 
+@pytest.mark.integration
 def test_resume_continues_the_run_exactly(full_run, cfg, dataset, norm_stats, tmp_path):
     _, uninterrupted = full_run
     loop.train(
@@ -197,6 +200,7 @@ def test_trained_checkpoint_serves_through_create_policy(golden_params, norm_sta
     assert not np.allclose(actions[0], actions[2])  # the EMA params were served, not the golden ones
 
 
+@pytest.mark.integration
 def test_cli_refuses_ambiguous_data_with_one_line(tmp_path):
     result = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train.py"), "--config=pi05_tiny", f"--run_dir={tmp_path}"],

@@ -20,6 +20,8 @@ from oxygen_jax.models import inputs
 from oxygen_jax.training import batch as train_batch
 from oxygen_jax.training import loss
 
+pytestmark = pytest.mark.integration
+
 GRAD = "grad/"
 
 

@@ -37,6 +37,7 @@ def _flat(tree) -> dict[str, np.ndarray]:
     return {k: np.asarray(v) for k, v in traverse_util.flatten_dict(tree, sep="/").items()}
 
 
+@pytest.mark.integration
 def test_one_step_matches_openpi_recipe(golden_params, causal_config, golden_batch, train_io):
     """clip 1.0 + AdamW(0.9, 0.95, 1e-8, wd 1e-10), warmup-cosine (5e-5, 10, 100, 5e-6), EMA 0.999."""
     spec = train_step.TrainSpec(
@@ -63,6 +64,7 @@ def test_one_step_matches_openpi_recipe(golden_params, causal_config, golden_bat
         )
 
 
+@pytest.mark.integration
 def test_frozen_params_stay_bit_identical_while_lora_trains(golden_params, causal_config, golden_batch):
     """LoRA on the action expert (openpi freezes its base weights) plus a frozen vision tower."""
     spec = train_step.TrainSpec(

@@ -21,7 +21,6 @@ from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import UserError
 from oxygen_jax.params import PARAMS_DTYPES, load_params
-from oxygen_jax.tokenizer import Tokenizer
 
 STORED = "stored"
 _CHECKPOINT_HELP = "openpi checkpoint: a path, an openpi cache name or a gs:// URL (random init if absent)."
@@ -233,8 +232,8 @@ def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: s
     return Engine(params, model_config, mesh=mesh.mesh_from_spec(cfg.engine.mesh))
 
 
-def build_tokenizer(cfg, tokenizer_path: str | None = None) -> Tokenizer:
-    return Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=cfg.model.max_token_len)
+# The scripts' name for the config's tokenizer.
+build_tokenizer = config.build_tokenizer
 
 
 def parse_flags(argv: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import ml_collections
 
 from oxygen_jax.errors import ConfigError
 from oxygen_jax.models import gemma, pi05, siglip
+from oxygen_jax.tokenizer import Tokenizer
 
 IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 # Shipped inside the package, so an installed wheel finds them by name as an editable checkout does.
@@ -28,7 +29,8 @@ def gemma_variant(name: str) -> ml_collections.ConfigDict:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """Full-size pi0.5 (gemma_2b + gemma_300m + So400m/14), as openpi's `Pi0Config(pi05=True)`."""
+    """Full-size pi0.5 (gemma_2b + gemma_300m + So400m/14), as openpi's `Pi0Config(pi05=True)`; every key
+    a config file or a tool may set is declared here."""
     c = ml_collections.ConfigDict()
     c.name = "pi05"
     c.model = ml_collections.ConfigDict()
@@ -50,6 +52,13 @@ def base_config() -> ml_collections.ConfigDict:
     # None: openpi's cache (see oxygen_jax.tokenizer); "standin": the bundled 1024-piece stand-in.
     c.tokenizer_path = ml_collections.FieldReference(None, field_type=str)
     c.seed = 0
+    # The robot whose transforms wrap the model (policies.policy: libero, droid, aloha, aloha_sim, table);
+    # None: the model alone (engine-level tools), no policy.
+    c.robot = ml_collections.FieldReference(None, field_type=str)
+    # Where norm stats live inside a checkpoint (<checkpoint>/assets/<asset_id>/), as openpi's asset id.
+    c.asset_id = ml_collections.FieldReference(None, field_type=str)
+    # The checkpoint tools load when none is given on the command line; None: a random-initialized model.
+    c.checkpoint_dir = ml_collections.FieldReference(None, field_type=str)
     c.engine = ml_collections.ConfigDict()
     c.engine.max_slots = 8
     c.engine.max_new_tokens = 30
@@ -58,7 +67,26 @@ def base_config() -> ml_collections.ConfigDict:
     # Devices to shard over (engine/mesh.py): "" = the default device; "data:4", "data:2,model:2".
     c.engine.mesh = ""
     c.training = training_defaults()
+    c.data = data_defaults()
+    # Locked: setting a key the base does not declare (a misspelt override included) raises.
+    c.lock()
     return c
+
+
+def data_defaults() -> ml_collections.ConfigDict:
+    """How a LeRobot dataset feeds the robot in training (`training.data.from_config`); empty `repack`: the
+    config names no dataset columns, so it cannot train on a dataset until it does."""
+    d = ml_collections.ConfigDict()
+    # Raw observation key -> dataset column, as "key=column" pairs.
+    d.repack = ()
+    d.actions = "action"
+    # Column of a per-frame subtask text trained as the language target; None: actions only.
+    d.subtask = ml_collections.FieldReference(None, field_type=str)
+    # Share of train examples that carry their subtask text (the others train actions on the prompt alone).
+    d.text_fraction = 1.0
+    # Decode every image once up front instead of every epoch (small datasets).
+    d.keep_decoded = False
+    return d
 
 
 def training_defaults() -> ml_collections.ConfigDict:
@@ -100,7 +128,7 @@ def training_defaults() -> ml_collections.ConfigDict:
 def checkpoint_for(cfg: ml_collections.ConfigDict, checkpoint_dir: str | None) -> str | None:
     """The checkpoint a tool loads: the one asked for, else the config's own (`pi05_demo` ships one in the
     package), else None (a random-initialized model)."""
-    return checkpoint_dir or cfg.get("checkpoint_dir") or None
+    return checkpoint_dir or cfg.checkpoint_dir or None
 
 
 def resolve_dtype(dtype: str) -> str:
@@ -129,6 +157,12 @@ def model_config(cfg: ml_collections.ConfigDict) -> pi05.Pi05Config:
     )
 
 
+def build_tokenizer(cfg: ml_collections.ConfigDict, tokenizer_path: str | None = None) -> Tokenizer:
+    """The config's tokenizer (`tokenizer_path` overrides the config's), padding or cutting prompts to the
+    model's `max_token_len` as openpi's `PaligemmaTokenizer(model.max_token_len)`."""
+    return Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=cfg.model.max_token_len)
+
+
 def known_configs() -> list[str]:
     """Names `--config` accepts (the files shipped in oxygen_jax/configs/)."""
     return sorted(p.stem for p in CONFIGS_DIR.glob("*.py") if p.stem != "__init__")
@@ -155,7 +189,8 @@ def load_config(name_or_path: str) -> ml_collections.ConfigDict:
     spec = importlib.util.spec_from_file_location(pathlib.Path(path).stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config()
+    # Locked again from the top: sub-dicts the file replaced after `base_config` (model.paligemma) too.
+    return module.get_config().unlock().lock()
 
 
 def get_config(name_or_path: str) -> ml_collections.ConfigDict:

@@ -118,15 +118,18 @@ class Tokenizer:
         return self._sp.bos_id()
 
     def tokenize(self, prompt: str, state: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Without `state`: pi0 format `<bos>prompt` + `\\n`; with it: the pi0.5 discrete-state format."""
+        """`prompt_tokens` padded or cut to `max_len`."""
+        return pad_or_truncate(self.prompt_tokens(prompt, state), self.max_len)
+
+    def prompt_tokens(self, prompt: str, state: np.ndarray | None = None) -> list[int]:
+        """Without `state`: pi0 format `<bos>prompt` + `\\n`; with it: the pi0.5 discrete-state format.
+        Neither padded nor cut, so a caller can tell whether the prompt fits."""
         cleaned = clean_prompt(prompt)
         if state is None:
             # "\n" is encoded on its own: it is the start-of-answer token.
-            tokens = self._sp.encode(cleaned, add_bos=True) + self._sp.encode("\n")
-        else:
-            state_str = " ".join(map(str, discretize_state(np.asarray(state))))
-            tokens = self._sp.encode(f"Task: {cleaned}, State: {state_str};\nAction: ", add_bos=True)
-        return pad_or_truncate(tokens, self.max_len)
+            return self._sp.encode(cleaned, add_bos=True) + self._sp.encode("\n")
+        state_str = " ".join(map(str, discretize_state(np.asarray(state))))
+        return self._sp.encode(f"Task: {cleaned}, State: {state_str};\nAction: ", add_bos=True)
 
     def tokenize_subtask(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
         """Prompt that asks the language head for a subtask: `<bos>Task: {text}. Subtask: `.

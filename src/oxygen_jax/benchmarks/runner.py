@@ -13,8 +13,8 @@ import os
 import ml_collections
 
 from oxygen_jax.benchmarks import energy, modes, worker
+from oxygen_jax.benchmarks.metrics import RunStats
 from oxygen_jax.benchmarks.spec import RunSpec
-from oxygen_jax.runtime.metrics import RunStats
 from oxygen_jax.runtime.scheduler import FrameResult
 
 # Workers share one device: no process may grab most of its memory up front.

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 
+from oxygen_jax.benchmarks import arrivals
+from oxygen_jax.benchmarks.observations import LAYOUTS
 from oxygen_jax.models import inputs
 from oxygen_jax.models.pi05 import Pi05Config
-from oxygen_jax.runtime import arrivals
-from oxygen_jax.runtime.observations import LAYOUTS
 
 MODES = ("isolated", "parallel", "shared_kv", "oxygen", "action_only")
 

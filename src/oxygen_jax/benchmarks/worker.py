@@ -15,13 +15,12 @@ import jax
 import ml_collections
 
 from oxygen_jax import config
-from oxygen_jax.benchmarks import modes, roofline
+from oxygen_jax.benchmarks import metrics, modes, roofline
 from oxygen_jax.benchmarks.spec import RunSpec, observation
 from oxygen_jax.engine import mesh
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs, pi05
-from oxygen_jax.runtime import metrics
 
 TASKS = ("roofline", "full_forward")
 

@@ -1,4 +1,4 @@
-"""The demo model: a small pi0.5 trained on the rendered table task (oxygen_jax.evaluation.table_scenes).
+"""The demo model: a small pi0.5 trained on the rendered table task (oxygen_jax.table_task).
 
 It says which cube it reaches for and where ("reach the red cube on the left") and moves its gripper
 there; its trained checkpoint ships in the package (oxygen_jax/assets/pi05_demo), so every tool that
@@ -52,12 +52,9 @@ def get_config():
     t.log_interval = 50
     t.save_interval = 200
     t.keep_period = 0
-    c.data = ml_collections.ConfigDict()
-    # Raw observation key -> LeRobot column ("key=column" pairs), the action column, the subtask column.
     c.data.repack = ("observation/image=observation.image", "observation/state=observation.state")
     c.data.actions = "action"
     c.data.subtask = "subtask"
-    # Share of train examples that carry their subtask text (the others train actions on the prompt alone).
     c.data.text_fraction = 0.5
     # The demo dataset is small: decode its images once instead of every epoch.
     c.data.keep_decoded = True

@@ -9,7 +9,7 @@ from oxygen_jax.evaluation.requirements import SetupError
 
 
 class EpisodeRecorder(Protocol):
-    """Where a loop records its episodes (`training.data.lerobot_writer.LeRobotWriter`)."""
+    """Where a loop records its episodes (`lerobot.writer.LeRobotWriter`)."""
 
     def add_frame(self, frame: Mapping[str, Any], task: str) -> None: ...
 
@@ -20,7 +20,7 @@ def recorder_for(record_dir: str | None, fps: float, robot_type: str) -> Episode
     """A LeRobot dataset writer into the new folder `record_dir`, or None without one."""
     if not record_dir:
         return None
-    from oxygen_jax.training.data.lerobot_writer import LeRobotWriter
+    from oxygen_jax.lerobot.writer import LeRobotWriter
 
     try:
         return LeRobotWriter(record_dir, fps=fps, robot_type=robot_type)

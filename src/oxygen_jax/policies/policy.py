@@ -26,7 +26,7 @@ from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
-from oxygen_jax.tokenizer import Tokenizer
+from oxygen_jax.tokenizer import Tokenizer, pad_or_truncate
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +77,10 @@ _ROBOTS = {
 
 def robot(cfg) -> _Robot:
     """The robot a config names (`cfg.robot`), or a one-line error listing the known ones."""
-    found = _ROBOTS.get(cfg.get("robot"))
+    found = _ROBOTS.get(cfg.robot)
     if found is None:
         raise ConfigError(
-            f"config {cfg.name!r} has robot {cfg.get('robot')!r}; a policy needs one of {sorted(_ROBOTS)}"
+            f"config {cfg.name!r} has robot {cfg.robot!r}; a policy needs one of {sorted(_ROBOTS)}"
         )
     return found
 
@@ -108,15 +108,15 @@ def robot_pipeline(
 class _FittingPrompt:
     """Refuses a task prompt that alone overflows the model's `max_len` (openpi would cut the task text
     with only a log line). A discrete state that overflows is cut as openpi does: the model was trained
-    on such prompts. The wrapped tokenizer is one token longer, to tell "fits exactly" from "was cut"."""
+    on such prompts."""
 
     tokenizer: Tokenizer
 
     def tokenize(self, prompt: str, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-        ids, mask = self.tokenizer.tokenize(prompt, state)
-        if mask[-1] and (state is None or self.tokenizer.tokenize(prompt, None)[1][-1]):
-            raise ValueError(f"prompt too long: it does not fit in max_token_len {len(mask) - 1} tokens")
-        return ids[:-1], mask[:-1]
+        tokens, max_len = self.tokenizer.prompt_tokens(prompt, state), self.tokenizer.max_len
+        if len(tokens) > max_len and (state is None or len(self.tokenizer.prompt_tokens(prompt)) > max_len):
+            raise ValueError(f"prompt too long: it does not fit in max_token_len {max_len} tokens")
+        return pad_or_truncate(tokens, max_len)
 
 
 class Policy:
@@ -368,7 +368,7 @@ def create_policy(
     params = load_params(model_config, checkpoint_dir, seed=cfg.seed, dtype=params_dtype)
     if norm_stats is None:
         norm_stats = norm_stats_for(cfg, checkpoint_dir)
-    tokenizer = Tokenizer(tokenizer_path or cfg.tokenizer_path, max_len=model_config.max_token_len + 1)
+    tokenizer = config.build_tokenizer(cfg, tokenizer_path)
     pipeline = robot_pipeline(cfg, norm_stats, _FittingPrompt(tokenizer), default_prompt=default_prompt)
     return Policy(
         Engine(params, model_config, eos_id=tokenizer.eos_id, mesh=mesh.mesh_from_spec(cfg.engine.mesh)),

@@ -1,6 +1,6 @@
 """The demo table robot: one top-down camera, a 2-d gripper position, 2-d actions (gripper waypoints).
 
-It is the robot of `pi05_demo`, whose scenes `oxygen_jax.evaluation.table_scenes` renders, so the demo
+It is the robot of `pi05_demo`, whose scenes `oxygen_jax.table_task.scenes` renders, so the demo
 model can be trained, served and checked without a simulator.
 """
 

@@ -107,7 +107,7 @@ def train(
                 state,
                 spec,
                 norm_stats=norm_stats,
-                asset_id=cfg.get("asset_id"),
+                asset_id=cfg.asset_id,
                 keep_period=t.keep_period,
             )
     if (run_dir / METRICS_FILE).is_file():

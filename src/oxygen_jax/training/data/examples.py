@@ -18,11 +18,11 @@ from collections.abc import Iterator, Mapping
 import numpy as np
 from flax import traverse_util
 
+from oxygen_jax.lerobot.reader import DatasetError, LeRobotDataset, decode_image
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies import transforms
 from oxygen_jax.policies.robot_io import RawSpec
 from oxygen_jax.tokenizer import Tokenizer
-from oxygen_jax.training.data.lerobot import DatasetError, LeRobotDataset, decode_image
 from oxygen_jax.training.data.prefetch import prefetch
 
 

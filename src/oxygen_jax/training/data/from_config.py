@@ -3,20 +3,25 @@
 from collections.abc import Mapping
 
 from oxygen_jax import config
+from oxygen_jax.errors import ConfigError
+from oxygen_jax.lerobot.reader import LeRobotDataset
 from oxygen_jax.policies.normalization import NormStats
 from oxygen_jax.policies.policy import robot, robot_pipeline
-from oxygen_jax.tokenizer import Tokenizer
 from oxygen_jax.training.data.examples import Columns, FrameSource, TrainExamples
-from oxygen_jax.training.data.lerobot import LeRobotDataset
 from oxygen_jax.training.data.norm_stats import compute_norm_stats
 
 
 def columns(cfg) -> Columns:
     """`cfg.data.repack` ("raw_key=column" pairs), `cfg.data.actions` and `cfg.data.subtask` (or None)."""
+    if not cfg.data.repack:
+        raise ConfigError(
+            f"config {cfg.name!r} names no dataset columns: set data.repack ('raw_key=column' pairs) and "
+            "data.actions to train on a dataset"
+        )
     pairs = [entry.split("=", 1) for entry in cfg.data.repack]
     if any(len(pair) != 2 for pair in pairs):
         raise ValueError(f"config data.repack entries must be 'raw_key=column', got {list(cfg.data.repack)}")
-    return Columns(repack=dict(pairs), actions=cfg.data.actions, subtask=cfg.data.get("subtask"))
+    return Columns(repack=dict(pairs), actions=cfg.data.actions, subtask=cfg.data.subtask)
 
 
 def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | None) -> TrainExamples:
@@ -26,9 +31,9 @@ def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | 
         LeRobotDataset(dataset_dir),
         columns(cfg),
         model_config.action_horizon,
-        keep_decoded=cfg.data.get("keep_decoded", False),
+        keep_decoded=cfg.data.keep_decoded,
     )
-    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    tokenizer = config.build_tokenizer(cfg)
     pipeline = robot_pipeline(cfg, norm_stats, tokenizer)
     return TrainExamples(source, pipeline, tokenizer, model_config, robot(cfg).raw_spec)
 

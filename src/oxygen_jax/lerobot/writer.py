@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from PIL import Image
 
-from oxygen_jax.training.data.lerobot import INDEX_COLUMNS
+from oxygen_jax.lerobot.reader import INDEX_COLUMNS
 
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
 CHUNKS_SIZE = 1000

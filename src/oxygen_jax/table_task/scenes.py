@@ -26,6 +26,9 @@ _X_JITTER = 0.03
 GRIPPER_START = np.array([0.5, 0.85], np.float32)
 # Moves of the gripper from its start to the cube; an episode shows every position on the way.
 STEPS = 5
+# Seeds of the scene streams: held-out scenes never appear in training data.
+TRAIN_SEED = 0
+HELD_OUT_SEED = 1_000_003
 _TABLE = np.array([196, 164, 118], np.uint8)
 _CUBE_HALF = 0.07
 _GRIPPER_RADIUS = 0.05
@@ -105,10 +108,9 @@ def model_stream(cfg, checkpoint_dir: str | None, seed: int = 0) -> Iterator[tup
     from oxygen_jax import config
     from oxygen_jax.policies.policy import norm_stats_for, robot, robot_pipeline
     from oxygen_jax.policies.robot_io import RobotIO
-    from oxygen_jax.tokenizer import Tokenizer
 
     model_config = config.model_config(cfg)
-    tokenizer = Tokenizer(cfg.tokenizer_path, max_len=model_config.max_token_len)
+    tokenizer = config.build_tokenizer(cfg)
     stats = norm_stats_for(cfg, config.checkpoint_for(cfg, checkpoint_dir))
     io = RobotIO(robot(cfg).raw_spec, robot_pipeline(cfg, stats, tokenizer), model_config)
     for scene in scenes(seed):
