@@ -252,3 +252,25 @@ def test_device_loop_owed_chunk_between_batches_takes_owed_k_then_the_policy_dec
     assert decodes == [("decode", 1), ("decode", 4), ("decode", 4)]  # 6 tokens: 1, then 4 + 1
     with pytest.raises(ValueError, match="owed_k must be >= 1"):
         DeviceLoop(scheduler, owed_k=0)
+
+
+def test_finished_requests_leave_the_managers_tables_over_a_hundred_thousand_requests(engine):
+    """A server that runs for a week must not grow: after every frame the manager tracks only what is
+    queued or running, never more than the slots plus the admission queue, and none of it once idle."""
+    slots, per_frame, total = 4, 6, 100_000
+    manager = KVCacheManager(engine, max_slots=slots, max_new_tokens=MAX_NEW)
+    cache = _cache(engine, *range(1, per_frame + 1))
+    submitted, finished, most_tracked, frame = 0, 0, 0, 0
+    while submitted < total or manager.active or manager.queued:
+        for row in range(min(per_frame, total - submitted) if manager.queued < slots else 0):
+            manager.submit(TextRequest(submitted, 1 + submitted % 2), cache, row=row, frame=frame)
+            submitted += 1
+        manager.admit(frame)
+        most_tracked = max(most_tracked, manager.tracked)
+        manager.decode(2)
+        finished += len(manager.harvest(frame))
+        assert manager.tracked == manager.active + manager.queued <= 2 * slots + per_frame
+        frame += 1
+    assert finished == submitted == total
+    assert manager.tracked == 0 and manager.status(total - 1) == RequestStatus.UNKNOWN
+    assert most_tracked > slots  # the queue was in use, so the bound was exercised

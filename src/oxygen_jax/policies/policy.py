@@ -20,7 +20,7 @@ import numpy as np
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.errors import ConfigError
+from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
@@ -115,7 +115,7 @@ class _FittingPrompt:
     def tokenize(self, prompt: str, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         ids, mask = self.tokenizer.tokenize(prompt, state)
         if mask[-1] and (state is None or self.tokenizer.tokenize(prompt, None)[1][-1]):
-            raise ValueError(f"prompt too long: it does not fit in max_token_len {len(mask) - 1} tokens")
+            raise InvalidRequest(f"prompt too long: it does not fit in max_token_len {len(mask) - 1} tokens")
         return ids[:-1], mask[:-1]
 
 
@@ -230,7 +230,7 @@ class Policy:
         """The task's instruction tokens, refused (one line) when longer than `MAX_TASK_TOKENS`."""
         suffix = self._tokenizer.tokenize_task(task.instruction)
         if len(suffix) > MAX_TASK_TOKENS:
-            raise ValueError(
+            raise InvalidRequest(
                 f"text task {task.name!r}: instruction is {len(suffix)} tokens, at most {MAX_TASK_TOKENS}"
             )
         return suffix
@@ -295,14 +295,14 @@ class Policy:
         """This call's sampling temperature (the policy's when None), checked."""
         temperature = self._temperature if temperature is None else float(temperature)
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
+            raise InvalidRequest(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
         return temperature
 
     def text_top_p(self, top_p: float | None) -> float:
         """This call's nucleus mass (the policy's when None), checked."""
         top_p = self._top_p if top_p is None else float(top_p)
         if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+            raise InvalidRequest(f"top_p must lie in (0, 1], got {top_p}")
         return top_p
 
     def text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
@@ -311,9 +311,9 @@ class Policy:
             return 0
         budget = self.max_text_tokens if max_text_tokens is None else int(max_text_tokens)
         if not 0 <= budget <= self.max_text_tokens:
-            raise ValueError(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
+            raise InvalidRequest(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
         if prompt_for_text and budget == 0:
-            raise ValueError("text was asked for, but this policy has language off (max_text_tokens 0)")
+            raise InvalidRequest("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
 
     def action_noise(self, noise: np.ndarray | None, seed: int) -> jax.Array:
@@ -322,7 +322,10 @@ class Policy:
             return self.engine.noise(jax.random.key(seed), 1)
         noise = np.asarray(noise)
         arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
-        return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
+        try:
+            return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
+        except ValueError as error:  # the request's noise, not the model, is wrong
+            raise InvalidRequest(" ".join(str(error).split())) from error
 
 
 def norm_stats_for(cfg, checkpoint_dir: str | None) -> dict[str, normalization.NormStats] | None:

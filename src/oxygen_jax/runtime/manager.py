@@ -35,7 +35,8 @@ class _Pending:
 
 
 class KVCacheManager:
-    """Owns the batch state σ̂ and the mapping request id -> slot. Requests are never dropped."""
+    """Owns the batch state σ̂ and the mapping request id -> slot. Requests are never dropped; a finished
+    one leaves every table, so the tables hold at most the slots plus the admission queue."""
 
     def __init__(
         self,
@@ -59,7 +60,7 @@ class KVCacheManager:
         self._free = [collections.deque(range(d * block, (d + 1) * block)) for d in range(self.shards)]
         self._queue: collections.deque[_Pending] = collections.deque()
         self._streamed = np.zeros(max_slots, np.int64)
-        self._status: dict[int, RequestStatus] = {}
+        self._status: dict[int, RequestStatus] = {}  # in-flight requests only
         self.tokens_generated = 0
 
     # --- request table ---
@@ -86,7 +87,13 @@ class KVCacheManager:
     def state_bytes(self) -> int:
         return state_bytes(self.state)
 
+    @property
+    def tracked(self) -> int:
+        """Requests the manager's tables hold (queued or running)."""
+        return len(self._status)
+
     def status(self, request_id: int) -> RequestStatus:
+        """QUEUED or RUNNING while in flight; UNKNOWN once finished (or never seen)."""
         return self._status.get(request_id, RequestStatus.UNKNOWN)
 
     def fit_prefix(self, prefix_len: int) -> None:
@@ -119,10 +126,7 @@ class KVCacheManager:
             raise ValueError(
                 f"max_new_tokens must lie in [1, {self.max_new_tokens}], got {request.max_new_tokens}"
             )
-        if request.request_id in self._status and self._status[request.request_id] in (
-            RequestStatus.QUEUED,
-            RequestStatus.RUNNING,
-        ):
+        if request.request_id in self._status:
             raise ValueError(f"request id {request.request_id} is already in flight")
 
     def admit(self, frame: int) -> None:
@@ -192,7 +196,7 @@ class KVCacheManager:
         for i, pending in enumerate(self._queue):
             if pending.request.request_id == request_id:
                 del self._queue[i]
-                self._status[request_id] = RequestStatus.CANCELLED
+                del self._status[request_id]
                 self._notify(
                     pending.request, np.zeros(0, np.int32), np.zeros(0, np.float32), "cancelled", frame
                 )
@@ -212,9 +216,7 @@ class KVCacheManager:
     def _finish(self, slot: int, tokens, logprobs, reason: str, frame: int) -> TextResult:
         request = self._slot_request[slot]
         self._slot_request[slot] = None
-        self._status[request.request_id] = (
-            RequestStatus.CANCELLED if reason == "cancelled" else RequestStatus.DONE
-        )
+        del self._status[request.request_id]
         return self._notify(request, tokens, logprobs, reason, frame)
 
     def _notify(self, request: TextRequest, tokens, logprobs, reason: str, frame: int) -> TextResult:

@@ -12,9 +12,7 @@ from oxygen_jax.engine.api import SamplingParams
 class RequestStatus(enum.Enum):
     QUEUED = "queued"  # waiting for a free slot (its prefix cache row is kept, never re-prefilled)
     RUNNING = "running"  # decoding in a slot of the batch state
-    DONE = "done"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
+    UNKNOWN = "unknown"  # finished (its result went to its callbacks) or never submitted
 
 
 @dataclasses.dataclass

@@ -3,7 +3,7 @@
 Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
 deterministic), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name in replies and
 the text stream); they are taken out before the robot transforms see the observation. Bad requests raise
-ValueError, which the server answers as "Bad request: ...".
+`InvalidRequest`, which the server answers as "Bad request: ..."; anything else is a server fault.
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
@@ -31,13 +32,13 @@ REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id
 
 
 def _option(value: Any, kind: type, name: str) -> Any:
-    """A msgpack number as `kind` (an int option takes integers only), or a ValueError naming the field."""
+    """A msgpack number as `kind` (an int option takes integers only), or `InvalidRequest` naming it."""
     numbers = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
     if value is None:
         return None
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers):
         expected = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name!r}: expected {expected}, got {type(value).__name__}")
+        raise InvalidRequest(f"{name!r}: expected {expected}, got {type(value).__name__}")
     return kind(value)
 
 
@@ -56,7 +57,7 @@ def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
 
 def _robot_id(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID):
-        raise ValueError(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
+        raise InvalidRequest(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
     return value
 
 

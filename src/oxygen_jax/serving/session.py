@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import MAX_TASK_TOKENS, PlannedTask, Policy
 from oxygen_jax.runtime.device_loop import ActionReply, DeviceLoop, ObservationWork
 from oxygen_jax.runtime.k_policy import KPolicy
@@ -78,10 +79,6 @@ class TextEvent:
 
 
 Answer = Callable[[dict[str, Any] | Exception], None]
-
-
-class RequestError(ValueError):
-    """Preparing one request failed with an unexpected exception (its `__cause__`): the request's fault."""
 
 
 @dataclasses.dataclass
@@ -214,7 +211,8 @@ class MultiRobotSession:
     def step(self, requests: Sequence[RobotRequest]) -> list[dict[str, Any] | Exception]:
         """Submits `requests` together (one prefill batch) and waits: per request its reply, or the
         exception that refused it. Each request is prepared on its own, so whatever one raises is that
-        request's answer (a ValueError naming what is wrong with it) and the others go on."""
+        request's answer (`InvalidRequest` naming what is wrong with it, or a server fault) and the others go
+        on."""
         if len(requests) > self.max_batch:
             raise ValueError(f"a batch takes at most {self.max_batch} requests, got {len(requests)}")
         futures = [concurrent.futures.Future() for _ in requests]
@@ -258,8 +256,8 @@ class MultiRobotSession:
             tasks = self._tasks(request, budget)
             arrays = _batched(self._policy.model_inputs(request.obs))
             noise = None if request.noise is None else np.asarray(self._policy.action_noise(request.noise, 0))
-        except Exception as error:
-            answer(_refusal(error))
+        except Exception as error:  # InvalidRequest: the client's fault; anything else: the server's
+            answer(error)
             return None
         frame_input = FrameInput(arrays, noise)
         with self._lock:
@@ -297,10 +295,10 @@ class MultiRobotSession:
         if request.text_tasks is None:
             return []
         if not self._max_text_tasks:
-            raise ValueError("text_tasks: this server takes none (start it with --max_text_tasks > 0)")
+            raise InvalidRequest("text_tasks: this server takes none (start it with --max_text_tasks > 0)")
         tasks = self._policy.plan_text_tasks(request.text_tasks, request.max_text_tokens, request.temperature)
         if len(tasks) > self._max_text_tasks:
-            raise ValueError(f"text_tasks: at most {self._max_text_tasks} tasks, got {len(tasks)}")
+            raise InvalidRequest(f"text_tasks: at most {self._max_text_tasks} tasks, got {len(tasks)}")
         return tasks if budget else []
 
     def _robot_id(self, request: RobotRequest) -> str:
@@ -389,16 +387,6 @@ class MultiRobotSession:
             for size in range(1, self.max_batch + 1):
                 self._scheduler.step([FrameInput(example)] * size)
         self._warm = True
-
-
-def _refusal(error: Exception) -> ValueError:
-    """A request's own error: ValueErrors name the problem already; anything else is logged and wrapped."""
-    if isinstance(error, ValueError):
-        return error
-    logger.warning("request refused by an unexpected %s", type(error).__name__, exc_info=error)
-    refusal = RequestError(f"{type(error).__name__}: {' '.join(str(error).split())}")
-    refusal.__cause__ = error
-    return refusal
 
 
 def _batched(arrays: Mapping[str, Any]) -> dict[str, np.ndarray]:
