@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies.policy import Policy
+from oxygen_jax.policies.policy import Policy, RequestOptions
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
 MAX_ROBOT_ID = 64
@@ -89,8 +89,8 @@ class PolicyServerBackend:
 class SessionServerBackend:
     """An `AsyncPolicyBackend` that serves every connection as one robot of a `MultiRobotSession`.
 
-    Requests are checked and transformed on a worker thread, then queued on the session's device loop;
-    each reply is sent as soon as its actions are on the host. A client that disconnects has its waiting
+    Requests are prepared on a worker thread, then queued on the session's runtime; each reply is
+    finished and sent as soon as its actions are on the host. A client that disconnects has its waiting
     observations dropped and its language request cancelled, which frees its slot. `subscribe_text`
     feeds the server's `/text` stream.
     """
@@ -117,17 +117,17 @@ class SessionServerBackend:
         def answer(result: dict | Exception) -> None:
             loop.call_soon_threadsafe(_settle, reply, result)
 
-        request = RobotRequest(client, obs, robot_id=robot_id, text_tasks=text_tasks, **options)
+        request = RobotRequest(client, obs, RequestOptions(text_tasks=text_tasks, **options), robot_id)
         await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
         return await reply
 
     def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]:
-        """Calls `listener` (on the device thread) with one message per text event; returns the
+        """Calls `listener` (on the runtime's output thread) with one message per text event; returns the
         unsubscribe."""
         return self._session.subscribe(lambda event: listener(text_message(event)))
 
     def close(self) -> None:
-        """Answers what the device loop holds, then stops it."""
+        """Answers what the runtime holds, then stops it."""
         self._prepare.shutdown()
         self._session.stop()
 
