@@ -234,10 +234,8 @@ class Policy:
         if options.text_tasks is not None:
             tasks = parse_text_tasks(options.text_tasks)
             if max_tasks is not None and len(tasks) > max_tasks:
-                raise InvalidRequest(
-                    f"text_tasks: at most {max_tasks} tasks, got {len(tasks)}"
-                    + (" (start the server with --max_text_tasks > 0)" if not max_tasks else "")
-                )
+                limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
+                raise InvalidRequest(f"text_tasks: {limit}")
             texts = tuple(
                 TextPlan(
                     task.name,
@@ -248,7 +246,7 @@ class Policy:
                     ),
                     temperature if task.temperature is None else self.text_temperature(task.temperature),
                     top_p,
-                    text_seed + i,
+                    (text_seed + i) % 2**31,
                 )
                 for i, task in enumerate(tasks)
             )
