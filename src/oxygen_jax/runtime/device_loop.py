@@ -4,11 +4,11 @@ Robots send an observation, execute the returned actions for a while, then send 
 is idle between their requests. `DeviceLoop` takes two classes of work from other threads:
 
 - observations (`submit`): it gathers what is waiting (up to the scheduler's prefill batch, until every
-  expected sender has one in or `gather_s` after the first), runs prefill + denoise (`FrameScheduler.act`)
-  and hands each its actions the moment they are on the host, before any language work; the batch's
-  language requests then join the batch state;
+  expected sender has one in or `gather_s` after the first), runs prefill + denoise
+  (`FrameScheduler.act_only`) and hands each its actions the moment they are on the host, before any
+  language work; the batch's language requests then join the batch state;
 - language (`mode="async"`): whenever no observation is ready, one decode chunk of k steps over every
-  running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks; and at
+  running request (`FrameScheduler.decode_chunk`), its tokens streamed by the output thread; and at
   least one chunk between two batches of observations, so robots that call back to back cannot starve
   language. k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
   it allows), so an observation that arrives during a chunk waits at most that chunk; the chunk owed
@@ -252,9 +252,7 @@ class DeviceLoop:
             result = self.scheduler.step(inputs)
             self.output.push_events(result.events)  # before the replies, as the frame produced them
             return result.actions
-        actions = self.scheduler.act(inputs)
-        self.scheduler.frame += 1
-        return actions
+        return self.scheduler.act_only(inputs)
 
     def _run_alone(self, frame_input: FrameInput) -> tuple[np.ndarray | None, Exception | None]:
         try:
@@ -265,15 +263,8 @@ class DeviceLoop:
 
     def _decode_chunk(self, k: int | None) -> None:
         """One chunk of `k` steps (None: the k policy's choice)."""
-        scheduler = self.scheduler
-        scheduler.manager.admit(scheduler.frame)
-        k = scheduler.k_policy.choose() if k is None else k
-        start = time.perf_counter()
-        chunk = scheduler.advance(k)
-        chunk_s = time.perf_counter() - start
+        chunk, chunk_s = self.scheduler.decode_chunk(k)
         self.output.push_events(chunk.events)
-        scheduler.k_policy.observe_decode(chunk.k, chunk_s)
-        scheduler.frame += 1
         self.stats.decode_s += chunk_s
         self.stats.chunks += 1
         self.stats.chunk_steps += chunk.k

@@ -118,6 +118,26 @@ class FrameScheduler:
         self.frame += 1
         return result
 
+    def act_only(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+        """A frame of actions alone (the device loop's async mode, where language runs in its own
+        chunks): `act`, and the frame counter moves on."""
+        actions = self.act(frame_inputs)
+        self.frame += 1
+        return actions
+
+    def decode_chunk(self, k: int | None = None) -> tuple[DecodeChunk, float]:
+        """A frame of language alone: admit what is queued, decode `k` steps (None: the k policy's choice)
+        and harvest; the k policy learns what the chunk cost. Returns the chunk and its seconds (decode and
+        harvest)."""
+        self.manager.admit(self.frame)
+        k = self.k_policy.choose() if k is None else k
+        start = time.perf_counter()
+        chunk = self.advance(k)
+        chunk_s = time.perf_counter() - start
+        self.k_policy.observe_decode(chunk.k, chunk_s)
+        self.frame += 1
+        return chunk, chunk_s
+
     def advance(self, k: int) -> DecodeChunk:
         """decode(k) for every active slot (admitted requests only), then harvest: new tokens and done
         requests as events (done ones evicted)."""
