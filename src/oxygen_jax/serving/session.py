@@ -106,8 +106,11 @@ class _Group:
 
 @dataclasses.dataclass
 class _Robot:
+    """One connected robot: its name, how many of its observations reached the runtime (refused requests
+    do not count) and its language requests still to report."""
+
     robot_id: str
-    observations: int = 0  # observations sent so far: the next one's index
+    observations: int = 0  # the next observation's index
     groups: list[_Group] = dataclasses.field(default_factory=list)  # to report, oldest first
 
 
