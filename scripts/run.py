@@ -23,10 +23,10 @@ from absl import flags
 from oxygen_jax import cli, config
 from oxygen_jax.benchmarks import arrivals, metrics, observations, serving
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.runtime import k_policy
-from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.requests import TextRequest
-from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+from oxygen_jax.runtime.runtime import RuntimeConfig
+from oxygen_jax.runtime.scheduler import FrameInput
 from oxygen_jax.table_task import scenes as table_scenes
 
 _MODEL = cli.define_model_flags("pi05_demo")
@@ -102,17 +102,22 @@ def main(_):
     max_new = cli.max_text_tokens(_MAX_TEXT, cfg)
     lengths = tuple(int(x) for x in _LENGTHS.value) if _ARRIVALS.value == "random_length" else (max_new,)
     max_new = max(max_new, *lengths)
-    manager = KVCacheManager(engine, _SLOTS.value or cfg.engine.max_slots, max_new, tokenizer.detokenize)
     target_hz = _DECODE.target_hz.value
-    policy = k_policy.DeadlineK(target_hz, max_k=max_new) if target_hz else k_policy.FixedK(_DECODE.k.value)
-    scheduler = FrameScheduler(
+    frames = runtime.build(
         engine,
-        manager,
-        policy,
-        num_steps=_MODEL.num_steps.value or cfg.num_steps,
-        max_prefill_batch=1,
-        seed=_SEED.value,
+        RuntimeConfig(
+            max_slots=_SLOTS.value or cfg.engine.max_slots,
+            max_new_tokens=max_new,
+            loop=None,  # the frame clock below drives it
+            k=_DECODE.k.value,
+            target_hz=target_hz,
+            num_steps=_MODEL.num_steps.value or cfg.num_steps,
+            max_prefill_batch=1,
+            seed=_SEED.value,
+        ),
+        detokenize=tokenizer.detokenize,
     )
+    manager = frames.manager
     scenes: list[table_scenes.Scene] = []  # per frame of a table-scene stream
     if recorded:
         stream = recorded
@@ -131,7 +136,7 @@ def main(_):
 
     print(f"{cfg.name}: {engine.config.dtype} on {jax.default_backend()}; warming up...")
     first = next(stream)
-    scheduler.warmup(first)
+    frames.warmup(first)
     first_frame = len(scenes)  # frames the warm-up took
     print(_layout_line(engine, first, manager.prefix_len))
     print(f"{manager.max_slots} slots x {max_new} tokens: batch state {manager.state_bytes / 2**20:.1f} MiB")
@@ -156,7 +161,7 @@ def main(_):
                         )
                     )
                     arrived += 1
-            result = scheduler.step([FrameInput(next(stream), requests=requests)])
+            result = frames.step([FrameInput(next(stream), requests=requests)])
             stats.add(result)
             texts += result.finished
             progress.update(1 if frame < _FRAMES.value else len(result.finished))

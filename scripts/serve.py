@@ -29,7 +29,7 @@ from absl import flags, logging
 
 from oxygen_jax import cli, config
 from oxygen_jax.policies.policy import create_policy
-from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import recorder, websocket_server
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
@@ -130,27 +130,21 @@ def main(_):
     if _LANGUAGE.value == "inline":
         backend = PolicyServerBackend(policy)
     else:
-        max_k = max(max_text, 1)
-        if _LOOP.value == "async":
-            max_delay_s = None if _MAX_DELAY_MS.value is None else _MAX_DELAY_MS.value / 1e3
-            try:
-                k_policy = DelayBoundK(max_k=max_k, max_delay_s=max_delay_s)
-            except ValueError as error:
-                cli.fail(str(error))
-        elif _DECODE.target_hz.value:
-            k_policy = DeadlineK(_DECODE.target_hz.value, max_k=max_k)
-        else:
-            k_policy = FixedK(_DECODE.k.value)
-        session = MultiRobotSession(
-            policy,
-            k_policy,
-            max_slots=_MAX_SLOTS.value or cfg.engine.max_slots,
-            max_batch=_MAX_BATCH.value,
-            loop=_LOOP.value,
-            gather_s=_GATHER_MS.value / 1e3,
-            max_text_tasks=_MAX_TEXT_TASKS.value,
-            owed_k=_DECODE.k.value if _LOOP.value == "async" else None,
-        )
+        try:
+            runtime_config = RuntimeConfig(
+                max_slots=_MAX_SLOTS.value or cfg.engine.max_slots,
+                max_new_tokens=max_text,
+                loop=_LOOP.value,
+                k=_DECODE.k.value,
+                target_hz=_DECODE.target_hz.value if _LOOP.value == "frame" else None,
+                max_delay_s=None if _MAX_DELAY_MS.value is None else _MAX_DELAY_MS.value / 1e3,
+                owed_k=_DECODE.k.value if _LOOP.value == "async" else None,
+                max_prefill_batch=_MAX_BATCH.value,
+                gather_s=_GATHER_MS.value / 1e3,
+            )
+        except ValueError as error:
+            cli.fail(str(error))
+        session = MultiRobotSession(policy, runtime_config, max_text_tasks=_MAX_TEXT_TASKS.value)
         backend = SessionServerBackend(session)
     logging.info("serving metadata: %s", backend.metadata)
     if _RECORD.value:
@@ -163,7 +157,7 @@ def main(_):
     )
     websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
     if _LANGUAGE.value == "stream":
-        backend.close()  # the device loop answers what it holds, then stops
+        backend.close()  # the runtime answers what it holds, then stops
 
 
 if __name__ == "__main__":

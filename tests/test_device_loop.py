@@ -13,6 +13,7 @@ from oxygen_jax.models import inputs
 from oxygen_jax.runtime.device_loop import DeviceLoop, ObservationWork
 from oxygen_jax.runtime.k_policy import DelayBoundK, FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime.output import OutputStage, OutputThread
 from oxygen_jax.runtime.requests import TextRequest
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
@@ -42,6 +43,7 @@ class _Recorder(FrameScheduler):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.events: list[str] = []
+        self.on_chunk = lambda chunks: None  # called on the device thread as each chunk starts
 
     def act(self, frame_inputs):
         self.events.append(f"act{len(frame_inputs)}")
@@ -49,6 +51,7 @@ class _Recorder(FrameScheduler):
 
     def advance(self, k):
         self.events.append("chunk")
+        self.on_chunk(self.events.count("chunk"))
         chunk = super().advance(k)
         self.events.append("chunk_end")
         return chunk
@@ -60,7 +63,15 @@ def _loop(engine, example, *, mode="async", k_policy=None, max_batch=2, slots=4,
     scheduler.warmup(example)
     scheduler.k_policy = k_policy or FixedK(2)
     scheduler.events.clear()
-    return DeviceLoop(scheduler, mode=mode, **kwargs)
+    output = OutputThread(OutputStage())
+    output.start()
+    return DeviceLoop(scheduler, output, mode=mode, **kwargs)
+
+
+def _stop(loop: DeviceLoop) -> None:
+    """Stops the device thread, then the output thread once it delivered everything."""
+    loop.stop()
+    loop.output.stop()
 
 
 class _Robot:
@@ -82,7 +93,7 @@ class _Robot:
         self.reply = reply
         self.replied.set()
 
-    def _on_tokens(self, _request_id, tokens) -> None:
+    def _on_tokens(self, _request_id, tokens, _text) -> None:
         self.log.append(f"tokens:{self.name}")
         self.tokens.extend(tokens.tolist())
 
@@ -106,7 +117,7 @@ def test_reply_leaves_before_language_and_language_advances_while_idle(engine, e
     noise = _noise(0, engine.config)
     loop.submit(ObservationWork(FrameInput(example, noise, [robot.request(0)]), robot.on_reply))
     assert robot.done.wait(30), "language never finished although the device was idle"
-    loop.stop()
+    _stop(loop)
     assert log[0] == "reply:a" and log.count("reply:a") == 1  # actions first, then the text streams
     assert loop.scheduler.events[0] == "act1" and "chunk" not in loop.scheduler.events[:1]
     actions, text = _alone(engine, example, noise)
@@ -121,15 +132,15 @@ def test_an_observation_arriving_during_a_chunk_waits_only_for_that_chunk(engine
     log: list[str] = []
     first, second = _Robot(log, "first"), _Robot(log, "second")
 
-    def arrive_during_chunk(_request_id, tokens):
-        if not second.replied.is_set() and len(first.tokens) == 1:  # inside the second chunk
+    def arrive_during_chunk(chunks: int) -> None:
+        if chunks == 2:
             loop.submit(ObservationWork(FrameInput(example, _noise(1, engine.config)), second.on_reply))
-        first.tokens.extend(tokens.tolist())
 
-    request = TextRequest(0, MAX_NEW, on_tokens=arrive_during_chunk, on_done=first._on_done)
+    loop.scheduler.on_chunk = arrive_during_chunk
+    request = TextRequest(0, MAX_NEW, on_tokens=first._on_tokens, on_done=first._on_done)
     loop.submit(ObservationWork(FrameInput(example, _noise(0, engine.config), [request]), first.on_reply))
     assert first.done.wait(30) and second.replied.wait(30)
-    loop.stop()
+    _stop(loop)
     events = loop.scheduler.events
     # act, chunk 1, chunk 2 (the arrival), then the observation before any further chunk.
     assert events[:6] == ["act1", "chunk", "chunk_end", "chunk", "chunk_end", "act1"]
@@ -148,7 +159,7 @@ def test_frame_mode_replies_after_the_frames_decode(engine, example):
     for robot in robots[1:]:  # each further observation is one frame: decode(2) before its reply
         loop.submit(ObservationWork(FrameInput(example, _noise(1, engine.config)), robot.on_reply))
         assert robot.replied.wait(30)
-    loop.stop()
+    _stop(loop)
     assert loop.scheduler.events == ["act1", "chunk", "chunk_end"] * 3
     assert len(robots[0].tokens) == 6  # three frames of decode(2)
 
@@ -164,7 +175,7 @@ def test_idle_loop_blocks_instead_of_spinning(engine, example):
     after = loop.stats.wakeups
     time.sleep(0.3)
     assert loop.stats.wakeups == after  # nothing to do: no wake-ups at all
-    loop.stop()
+    _stop(loop)
     assert idle_wakeups == 0 and after <= 2  # one wake-up per submit at most
 
 
@@ -178,7 +189,7 @@ def test_gathers_expected_senders_and_drains_on_stop(engine, example):
     assert robots[1].replied.wait(30) and robots[0].reply.batch == 2
     for robot in robots[2:]:  # one sender only: these would wait for the gather window...
         loop.submit(ObservationWork(FrameInput(example), robot.on_reply, sender="x"))
-    loop.stop()  # ...but stopping answers every observation already received
+    _stop(loop)  # ...but stopping answers every observation already received
     assert all(robot.replied.is_set() and robot.reply.error is None for robot in robots)
     with pytest.raises(RuntimeError, match="shutting down"):
         loop.submit(ObservationWork(FrameInput(example), robots[0].on_reply))
@@ -192,6 +203,6 @@ def test_no_compilation_after_warmup_with_learned_chunks(engine, example):
             loop.submit(ObservationWork(FrameInput(example, None, [robot.request(i)]), robot.on_reply))
             time.sleep(0.01 * (i % 3))
         assert all(robot.done.wait(30) for robot in robots)
-        loop.stop()
+        _stop(loop)
     assert counter.count == 0
     assert all(len(robot.result.tokens) == MAX_NEW for robot in robots)

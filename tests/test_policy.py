@@ -1,10 +1,15 @@
 """Policy.infer end to end against openpi's `create_trained_policy(...).infer` (golden policy_e2e)."""
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 from conftest import ACTIONS_ATOL, E2E, GOLDEN, VARIANTS, make_policy, raw_observation
+
+from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.models import inputs
+from oxygen_jax.policies.policy import RequestOptions, Speech
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -105,6 +110,38 @@ def _without(key: str) -> dict:
         (raw_observation(), {"temperature": -1.0}, "temperature"),
     ],
 )
-def test_bad_input_raises_value_error_naming_it(policies, obs, kwargs, named):
-    with pytest.raises(ValueError, match=named):
+def test_bad_input_raises_invalid_request_naming_it(policies, obs, kwargs, named):
+    """The client's mistakes are `InvalidRequest` (a ValueError, as openpi raises), never a server fault."""
+    with pytest.raises(InvalidRequest, match=named):
         policies["dsi0", "bfloat16"].infer(obs, **kwargs)
+
+
+def test_a_bug_in_a_transform_is_a_server_fault_not_an_invalid_request(policies):
+    """An exception the checks did not raise passes through unchanged: it is not the client's fault."""
+    policy = policies["dsi0", "bfloat16"]
+
+    def broken(_data):
+        raise KeyError("a transform that reads a key it never gets")
+
+    io = dataclasses.replace(policy.io, pipeline=dataclasses.replace(policy.io.pipeline, inputs=broken))
+    with pytest.raises(KeyError, match="never gets") as error:
+        io.inputs(raw_observation())
+    assert not isinstance(error.value, InvalidRequest)
+
+
+def test_prepare_and_finish_are_infer_split_in_two(policies):
+    """`infer` is prepare -> engine -> finish: the same stages, driven by hand, give the same reply."""
+    policy = policies["dsi0", "float32"]
+    options = RequestOptions(noise=E2E["in/noise"])
+    prepared = policy.prepare(raw_observation(), options)
+    assert [plan.max_new_tokens for plan in prepared.texts] == [policy.max_text_tokens]
+    observation = inputs.observation_from_arrays(prepared.arrays, policy.engine.config)
+    cache = policy.engine.prefill(observation)
+    actions = np.asarray(policy.engine.denoise(cache, prepared.noise, policy.num_steps))[0]
+    text = policy.engine.generate(cache, policy.max_text_tokens, max_new=policy.max_text_tokens)
+    tokens = np.asarray(text.tokens)[0, : int(np.asarray(text.lengths)[0])]
+    reply = policy.finish(prepared, actions, {None: Speech(tokens)})
+    alone = policy.infer(raw_observation(), noise=E2E["in/noise"])
+    np.testing.assert_array_equal(reply["actions"], alone["actions"])
+    np.testing.assert_array_equal(reply["text_tokens"], alone["text_tokens"])
+    assert reply["text"] == alone["text"] == policy.detokenize(tokens)

@@ -12,9 +12,11 @@ from oxygen_jax.engine import api
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
+from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 from oxygen_jax.tokenizer import Tokenizer
 
@@ -118,7 +120,7 @@ def test_sampled_text_equals_alone_with_the_same_seed(engine, variants):
         manager_alone.admit(0)
         manager_alone.decode(MAX_NEW)
         (alone,) = manager_alone.harvest(0)
-        np.testing.assert_array_equal(result.tokens, alone.tokens)
+        np.testing.assert_array_equal(result.tokens, alone.result.tokens)
 
 
 @pytest.mark.integration
@@ -145,22 +147,27 @@ def test_no_compilation_after_warmup(engine, variants):
 
 
 def test_more_requests_than_slots_queue_and_complete(engine, variants):
-    manager = KVCacheManager(engine, 2, MAX_NEW)
-    scheduler = FrameScheduler(engine, manager, FixedK(4), max_prefill_batch=1)
+    frames = runtime.build(
+        engine, RuntimeConfig(max_slots=2, max_new_tokens=MAX_NEW, loop=None, k=4, max_prefill_batch=1)
+    )
+    manager = frames.manager
     streamed: dict[int, list[int]] = {}
     done = []
     requests = [
         TextRequest(
-            i, MAX_NEW, on_tokens=lambda rid, t: streamed.setdefault(rid, []).extend(t), on_done=done.append
+            i,
+            MAX_NEW,
+            on_tokens=lambda rid, t, _: streamed.setdefault(rid, []).extend(t),
+            on_done=done.append,
         )
         for i in range(5)
     ]
-    first = scheduler.step([FrameInput(variants[0], requests=requests)])
+    first = frames.step([FrameInput(variants[0], requests=requests)])
     assert manager.active == 2 and manager.queued == 3
     assert [manager.status(i) for i in range(5)] == [RequestStatus.RUNNING] * 2 + [RequestStatus.QUEUED] * 3
     results = list(first.finished)
     while manager.active or manager.queued:
-        results += scheduler.step([]).finished
+        results += frames.step([]).finished
     assert sorted(r.request_id for r in results) == list(range(5))  # slots were evicted and reused
     assert [r.request_id for r in done] == [r.request_id for r in results]
     for r in results:
@@ -182,9 +189,9 @@ def test_cancel_frees_a_slot_and_dequeues(engine, variants):
         ]
     )
     assert manager.cancel(3)  # queued
-    assert manager.status(3) == RequestStatus.CANCELLED and manager.queued == 1
+    assert manager.status(3) == RequestStatus.UNKNOWN and manager.queued == 1
     assert manager.cancel(1)  # running: slot freed at once
-    assert manager.active == 0 and manager.status(1) == RequestStatus.CANCELLED
+    assert manager.active == 0 and manager.status(1) == RequestStatus.UNKNOWN
     assert not manager.cancel(99)
     scheduler.step([])  # the queued request takes the freed slot
     assert manager.status(2) == RequestStatus.RUNNING

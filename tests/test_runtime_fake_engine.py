@@ -9,10 +9,13 @@ from fake_engine import FakeEngine
 
 from oxygen_jax.engine import api
 from oxygen_jax.models import inputs
-from oxygen_jax.runtime.device_loop import DeviceLoop, ObservationWork
+from oxygen_jax.runtime import runtime
+from oxygen_jax.runtime.device_loop import ObservationWork
 from oxygen_jax.runtime.k_policy import FixedK
 from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime.output import OutputStage, token_ids_text
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest
+from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
 MAX_NEW = 6
@@ -36,11 +39,12 @@ def _cache(engine, *prompt_lens: int):
 
 
 def _run_until_idle(manager: KVCacheManager, k: int = 1) -> list:
-    results, frame = [], 0
+    """The finished requests' results (text as the output stage fills it), in finishing order."""
+    results, frame, stage = [], 0, OutputStage(token_ids_text)
     while manager.active or manager.queued:
         manager.admit(frame)
         manager.decode(k)
-        results += manager.harvest(frame)
+        results += stage.dispatch_all(manager.harvest(frame))
         frame += 1
     return results
 
@@ -131,19 +135,23 @@ def test_queued_requests_keep_only_their_own_row_of_the_frame_cache(engine):
 
 
 def test_streaming_delivers_every_token_once_across_decode_chunks(engine):
+    """The manager hands over raw token ids only; the output stage streams them with the text so far."""
     streamed, done = [], []
+    stage = OutputStage(token_ids_text)
     manager = KVCacheManager(engine, max_slots=2, max_new_tokens=MAX_NEW)
     request = TextRequest(
-        0, 5, on_tokens=lambda _, tokens: streamed.append(tokens.tolist()), on_done=done.append
+        0, 5, on_tokens=lambda _, tokens, text: streamed.append((tokens.tolist(), text)), on_done=done.append
     )
     manager.submit(request, _cache(engine, 20), row=0, frame=0)
     manager.admit(frame=0)
     for k in (2, 0, 2, 3):
         manager.decode(k)
-        manager.harvest(frame=1)
-    assert streamed == [[20, 21], [22, 23], [24]]
-    assert [r.tokens.tolist() for r in done] == [[20, 21, 22, 23, 24]]
-    assert manager.tokens_generated == 5
+        events = manager.harvest(frame=1)
+        assert all(event.result is None or event.result.text == "" for event in events)
+        stage.dispatch_all(events)
+    assert streamed == [([20, 21], "20 21"), ([22, 23], "20 21 22 23"), ([24], "20 21 22 23 24")]
+    assert [(r.tokens.tolist(), r.text) for r in done] == [([20, 21, 22, 23, 24], "20 21 22 23 24")]
+    assert manager.tokens_generated == 5 and stage.tracked == 0
 
 
 def test_cancel_dequeues_or_frees_the_slot_at_once(engine):
@@ -154,9 +162,10 @@ def test_cancel_dequeues_or_frees_the_slot_at_once(engine):
         manager.submit(TextRequest(i, MAX_NEW, on_done=done.append), cache, row=i, frame=0)
     manager.admit(frame=0)
     manager.decode(2)
-    assert manager.cancel(2)  # queued
-    assert manager.cancel(0)  # running: keeps what it generated
-    assert not manager.cancel(99)
+    stage = OutputStage(token_ids_text)
+    stage.dispatch(manager.cancel(2))  # queued
+    stage.dispatch(manager.cancel(0))  # running: keeps what it generated
+    assert manager.cancel(99) is None
     assert [(r.request_id, r.tokens.tolist(), r.finish_reason) for r in done] == [
         (2, [], "cancelled"),
         (0, [3, 4], "cancelled"),
@@ -219,36 +228,64 @@ def test_warmup_fits_the_state_to_the_robots_prefix_and_leaves_everything_empty(
     assert inserts == [1, 2] and ("prefill", 2) in engine.calls  # every insert and prefill bucket
 
 
+def _served(engine, k: int, **config) -> Runtime:
+    return runtime.build(
+        engine, RuntimeConfig(max_slots=2, max_new_tokens=MAX_NEW, k=k, max_prefill_batch=1, **config)
+    )
+
+
 def test_device_loop_replies_before_any_decode_then_finishes_the_text_while_idle(engine):
-    scheduler = FrameScheduler(engine, KVCacheManager(engine, 2, MAX_NEW), FixedK(2), max_prefill_batch=1)
-    loop = DeviceLoop(scheduler).start()
+    served = _served(engine, 2, loop="async", max_delay_s=1.0).start()
     replies, results, done = [], [], threading.Event()
     request = TextRequest(0, 5, on_done=lambda result: (results.append(result), done.set()))
     shape = (1, engine.config.action_horizon, engine.config.action_dim)
     work = FrameInput(_arrays(engine.config, 7), noise=np.zeros(shape), requests=[request])
-    loop.submit(ObservationWork(work, lambda reply: replies.append((reply, list(engine.calls)))))
+    served.submit(ObservationWork(work, lambda reply: replies.append((reply, list(engine.calls)))))
     assert done.wait(10), "the text never finished although the device was idle"
-    loop.stop()
+    served.stop()
     ((reply, calls_at_reply),) = replies
     np.testing.assert_array_equal(reply.actions, np.full(shape[1:], 10.0))  # noise 0 + 10 steps
-    assert calls_at_reply == [("prefill", 1), ("denoise", 1)]  # the actions left before any language
-    assert results[0].tokens.tolist() == [7, 8, 9, 10, 11]
-    assert [call for call in engine.calls if call[0] == "decode"] == [("decode", 2)] * 3
+    assert calls_at_reply[:2] == [("prefill", 1), ("denoise", 1)]  # the actions left before any language
+    assert results[0].tokens.tolist() == [7, 8, 9, 10, 11] and results[0].text == "7 8 9 10 11"
 
 
 def test_device_loop_owed_chunk_between_batches_takes_owed_k_then_the_policy_decides(engine):
     """With no idle time (robots calling back to back) the chunk owed between two batches is what the frame
     loop would decode (`owed_k`); idle-time chunks take the k policy's size."""
-    scheduler = FrameScheduler(engine, KVCacheManager(engine, 2, MAX_NEW), FixedK(4), max_prefill_batch=1)
-    loop = DeviceLoop(scheduler, owed_k=1).start()
+    served = _served(engine, 4, loop="frame", owed_k=1)
+    assert isinstance(served.k_policy, FixedK)
+    served = _served(engine, 4, loop="async", owed_k=1, max_delay_s=1.0).start()
     done = threading.Event()
     request = TextRequest(0, MAX_NEW, on_done=lambda result: done.set())
     shape = (1, engine.config.action_horizon, engine.config.action_dim)
     work = FrameInput(_arrays(engine.config, 7), noise=np.zeros(shape), requests=[request])
-    loop.submit(ObservationWork(work, lambda reply: None))
+    served.submit(ObservationWork(work, lambda reply: None))
     assert done.wait(10), "the text never finished although the device was idle"
-    loop.stop()
+    served.stop()
     decodes = [call for call in engine.calls if call[0] == "decode"]
-    assert decodes == [("decode", 1), ("decode", 4), ("decode", 4)]  # 6 tokens: 1, then 4 + 1
+    assert decodes[0] == ("decode", 1)  # the owed chunk, then the delay bound's choice
+    assert sum(k for _, k in decodes) >= MAX_NEW
     with pytest.raises(ValueError, match="owed_k must be >= 1"):
-        DeviceLoop(scheduler, owed_k=0)
+        RuntimeConfig(max_slots=2, max_new_tokens=MAX_NEW, owed_k=0)
+
+
+def test_finished_requests_leave_the_managers_tables_over_a_hundred_thousand_requests(engine):
+    """A server that runs for a week must not grow: after every frame the manager tracks only what is
+    queued or running, never more than the slots plus the admission queue, and none of it once idle."""
+    slots, per_frame, total = 4, 6, 100_000
+    manager = KVCacheManager(engine, max_slots=slots, max_new_tokens=MAX_NEW)
+    cache = _cache(engine, *range(1, per_frame + 1))
+    submitted, finished, most_tracked, frame = 0, 0, 0, 0
+    while submitted < total or manager.active or manager.queued:
+        for row in range(min(per_frame, total - submitted) if manager.queued < slots else 0):
+            manager.submit(TextRequest(submitted, 1 + submitted % 2), cache, row=row, frame=frame)
+            submitted += 1
+        manager.admit(frame)
+        most_tracked = max(most_tracked, manager.tracked)
+        manager.decode(2)
+        finished += sum(event.result is not None for event in manager.harvest(frame))
+        assert manager.tracked == manager.active + manager.queued <= 2 * slots + per_frame
+        frame += 1
+    assert finished == submitted == total
+    assert manager.tracked == 0 and manager.status(total - 1) == RequestStatus.UNKNOWN
+    assert most_tracked > slots  # the queue was in use, so the bound was exercised

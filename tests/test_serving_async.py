@@ -10,7 +10,7 @@ from conftest import MAX_TEXT_TOKENS, answers_alone, make_policy, raw_observatio
 from websockets.exceptions import ConnectionClosed
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.runtime.k_policy import DelayBoundK
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
@@ -63,7 +63,14 @@ def served(policy, noises):
     `/text` stream's messages, compile counts, and `Policy.infer`'s answers to each observation alone."""
     actions, texts = answers_alone(policy, noises, N_CLIENTS)
     session = MultiRobotSession(
-        policy, DelayBoundK(max_k=MAX_TEXT_TOKENS), max_slots=N_CLIENTS, max_batch=4, gather_s=0.005
+        policy,
+        RuntimeConfig(
+            max_slots=N_CLIENTS,
+            max_new_tokens=MAX_TEXT_TOKENS,
+            loop="async",
+            max_prefill_batch=4,
+            gather_s=0.005,
+        ),
     )
     session.warmup(raw_observation())
 

@@ -7,7 +7,8 @@ import pytest
 from conftest import make_policy, raw_observation
 from hypothesis import HealthCheck, given, settings
 
-from oxygen_jax.runtime.k_policy import FixedK
+from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,7 +48,10 @@ def policy():
 @pytest.fixture(scope="module")
 def session(policy):
     # The frame loop: text advances exactly one token per request, which the tests below count.
-    session = MultiRobotSession(policy, FixedK(1), max_slots=4, max_batch=4, loop="frame")
+    session = MultiRobotSession(
+        policy,
+        RuntimeConfig(max_slots=4, max_new_tokens=MAX_TEXT_TOKENS, loop="frame", k=1, max_prefill_batch=4),
+    )
     session.warmup(raw_observation())
     yield session
     session.stop()
@@ -63,8 +67,14 @@ def healthy_actions(policy, noise) -> np.ndarray:
     return policy.infer(raw_observation(), noise=noise, prompt_for_text=False)["actions"]
 
 
+def _groups(session: MultiRobotSession, client: str) -> list:
+    """The robot's language requests still to report (none for a robot never served)."""
+    robot = session._robots.get(client)
+    return robot.groups if robot else []
+
+
 def healthy(noise: np.ndarray) -> RobotRequest:
-    return RobotRequest("healthy", raw_observation(), noise=noise)
+    return RobotRequest("healthy", raw_observation(), RequestOptions(noise=noise))
 
 
 @pytest.mark.parametrize("case", list(BAD_INPUTS) + list(BAD_OPTIONS))
@@ -73,7 +83,7 @@ def test_a_bad_request_gets_its_own_error_and_the_frame_goes_on(session, noise, 
     if case in BAD_INPUTS:
         attacker = RobotRequest("attacker", raw_observation() | bad)
     else:
-        attacker = RobotRequest("attacker", raw_observation(), **bad)
+        attacker = RobotRequest("attacker", raw_observation(), RequestOptions(**bad))
     good, refused = session.step([healthy(noise), attacker])
     assert isinstance(refused, ValueError) and named in str(refused)
     assert "\n" not in str(refused)
@@ -81,7 +91,9 @@ def test_a_bad_request_gets_its_own_error_and_the_frame_goes_on(session, noise, 
 
 
 def test_an_extra_actions_key_is_ignored_and_harms_no_one(session, noise, healthy_actions):
-    attacker = RobotRequest("attacker", raw_observation() | {"actions": np.zeros((10, 7))}, noise=noise)
+    attacker = RobotRequest(
+        "attacker", raw_observation() | {"actions": np.zeros((10, 7))}, RequestOptions(noise=noise)
+    )
     good, other = session.step([healthy(noise), attacker])
     # A batch of two rounds differently from a batch of one: float32 rounding only.
     np.testing.assert_allclose(good["actions"], healthy_actions, atol=1e-5, rtol=0)
@@ -98,13 +110,13 @@ def test_text_keeps_advancing_next_to_bad_requests(session, noise):
         if good["text_done"]:
             break
     assert lengths == list(range(1, len(lengths) + 1)) and lengths[-1] == MAX_TEXT_TOKENS
-    assert not session._speech.get("refused")
+    assert not _groups(session, "refused")
 
 
 def test_a_failing_model_call_is_retried_row_by_row(session, noise, healthy_actions, monkeypatch):
     """A frame whose model call fails is retried one request at a time: only the one that fails again
     gets the error, and no language request it started is left behind."""
-    scheduler = session._scheduler
+    scheduler = session.runtime._scheduler
     step = scheduler.step
 
     def poisoned(frame_inputs):
@@ -117,7 +129,7 @@ def test_a_failing_model_call_is_retried_row_by_row(session, noise, healthy_acti
     good, failed = session.step([healthy(noise), RobotRequest("poison", poison)])
     np.testing.assert_array_equal(good["actions"], healthy_actions)
     assert isinstance(failed, RuntimeError)
-    assert not session._speech.get("poison")
+    assert not _groups(session, "poison")
     assert scheduler.manager.active <= 1  # the healthy robot's request only
 
 
@@ -156,9 +168,10 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
     """Random malformed observations next to a healthy robot: the attacker gets a one-line error or a
     normal reply; the healthy robot's actions equal its reference (bit for bit when it is alone in the
     frame, to float32 rounding in a batch of two) and its text advances one token per frame."""
-    attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, **request_options)
-    before = session._speech.get("healthy")
-    previous = 0 if not before or before[0][0].result is not None else len(before[0][0].tokens)
+    attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, RequestOptions(**request_options))
+    before = _groups(session, "healthy")
+    speech = before[0].speeches[0] if before else None
+    previous = 0 if speech is None or speech.result is not None else len(speech.tokens)
     good, other = session.step([healthy(noise), attacker])
     if isinstance(other, Exception):
         assert isinstance(other, ValueError) and "\n" not in str(other)

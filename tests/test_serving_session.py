@@ -23,7 +23,8 @@ from conftest import (
 )
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.runtime.k_policy import FixedK
+from oxygen_jax.runtime.requests import RequestStatus
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
@@ -44,6 +45,13 @@ N_REQUESTS = 20
 N_NOISES = 4
 
 
+def frame_loop(max_slots: int, **config) -> RuntimeConfig:
+    """The paper's frame loop, one decode step per frame, up to four observations per prefill."""
+    return RuntimeConfig(
+        max_slots=max_slots, max_new_tokens=MAX_TEXT_TOKENS, loop="frame", k=1, max_prefill_batch=4, **config
+    )
+
+
 @pytest.fixture(scope="module")
 def policy():
     return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
@@ -52,9 +60,7 @@ def policy():
 @pytest.fixture(scope="module")
 def session(policy):
     """The frame loop: a robot's text advances k tokens per frame, so it streams over its replies."""
-    session = MultiRobotSession(
-        policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4, loop="frame", gather_s=0.02
-    )
+    session = MultiRobotSession(policy, frame_loop(N_CLIENTS + 1, gather_s=0.02))
     session.warmup(raw_observation())
     yield session
     session.stop()
@@ -127,6 +133,25 @@ def test_text_streams_across_a_clients_requests(served):
         assert len(done) >= len(grouped) - 1  # only the last may still be running
 
 
+def test_each_reply_names_the_request_it_started_and_the_observation_its_text_describes(served):
+    """Replies count the robot's observations; a language request is started by exactly one of them, and
+    every reply reporting that request's text names that observation, which came no later."""
+    for client_replies in served["replies"]:
+        replies = [reply for _, reply in client_replies]
+        assert [reply["observation_index"] for reply in replies] == list(range(N_REQUESTS))
+        started = {
+            reply["text_request_started"]: reply["observation_index"]
+            for reply in replies
+            if reply["text_request_started"] is not None
+        }
+        assert len(started) == sum(reply["text_request_started"] is not None for reply in replies)
+        reported = [reply for reply in replies if "text_request_id" in reply]
+        assert reported
+        for reply in reported:
+            observation = started[reply["text_request_id"]]
+            assert reply["text_observation_index"] == observation <= reply["observation_index"]
+
+
 def test_finished_text_equals_the_observation_decoded_alone(served):
     for client, replies in enumerate(served["replies"]):
         alone = served["texts"][client]
@@ -140,9 +165,9 @@ def test_finished_text_equals_the_observation_decoded_alone(served):
 
 
 def test_a_client_that_leaves_frees_its_language_slot(policy):
-    session = MultiRobotSession(policy, FixedK(1), max_slots=N_CLIENTS + 1, max_batch=4, loop="frame")
+    session = MultiRobotSession(policy, frame_loop(N_CLIENTS + 1))
     session.warmup(raw_observation())
-    manager = session._scheduler.manager
+    manager = session.runtime.manager
     with BackgroundServer(SessionServerBackend(session)) as server:
         with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as leaver:
             leaver.recv()  # Metadata.
@@ -153,7 +178,7 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
         while manager.active and time.monotonic() < deadline:  # no frame runs meanwhile: only the cancel
             time.sleep(0.01)
         assert manager.active == 0
-        assert manager.status(reply["text_request_id"]).value == "cancelled"
+        assert manager.status(reply["text_request_id"]) == RequestStatus.UNKNOWN and manager.tracked == 0
         stayer = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
         assert stayer.infer(client_observation(1))["text_done"] is False
         assert manager.active == 1
@@ -208,17 +233,26 @@ def test_serve_script_names_a_malformed_request_while_another_client_continues(g
 @pytest.mark.integration
 def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its_cube(tmp_path):
     """`serve.py --config=pi05_demo` (its shipped checkpoint, streamed language): a table robot sending
-    held-out scenes gets each scene's true subtask over its replies and actions near the true chunk."""
+    held-out scenes gets each scene's true subtask over its replies and actions near the true chunk.
+
+    A reply's text may describe an earlier observation (the previous scene's request can finish in this
+    scene's replies), so each scene waits for the finished text of a request one of its own observations
+    started, as the replies name it (`text_request_started`, `text_request_id`, `text_observation_index`)."""
     scenes = table_scenes.scenes(table_scenes.HELD_OUT_SEED)
     demo = ("--config=pi05_demo",)
     with serve_script(tmp_path, "--max_text_tokens=12", golden=False, model=demo) as (_, port):
         client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
         for _ in range(3):
             scene = next(scenes)
-            for _ in range(20):
+            own: dict[int, int] = {}  # request id -> observation index, of this scene's observations
+            for _ in range(50):
                 reply = client.infer(scene.observation(0))
-                if reply.get("text_done"):
+                if reply["text_request_started"] is not None:
+                    own[reply["text_request_started"]] = reply["observation_index"]
+                if reply.get("text_done") and reply["text_request_id"] in own:
                     break
+            assert reply["text_done"] and reply["text_request_id"] in own, "no text of this scene finished"
+            assert reply["text_observation_index"] == own[reply["text_request_id"]]
             assert reply["text"] == scene.subtask
             errors = (reply["actions"] - scene.action_chunk(0, len(reply["actions"]))) ** 2
             assert errors.mean() < 0.02, errors.mean()

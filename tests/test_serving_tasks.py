@@ -14,7 +14,8 @@ from conftest import (
 )
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.runtime.k_policy import DelayBoundK
+from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 from oxygen_jax.serving.websocket_server import BackgroundServer
@@ -43,14 +44,14 @@ def policy():
 
 @pytest.fixture(scope="module")
 def session(policy):
-    session = MultiRobotSession(
-        policy,
-        DelayBoundK(max_k=MAX_TEXT_TOKENS),
+    config = RuntimeConfig(
         max_slots=len(TASKS) * N_ROBOTS,
-        max_batch=4,
+        max_new_tokens=MAX_TEXT_TOKENS,
+        loop="async",
+        max_prefill_batch=4,
         gather_s=0.005,
-        max_text_tasks=len(TASKS),
     )
+    session = MultiRobotSession(policy, config, max_text_tasks=len(TASKS))
     session.warmup(raw_observation())
     yield session
     session.stop()
@@ -122,8 +123,8 @@ def test_nothing_compiles_after_warmup(served):
 def test_a_bad_task_refuses_its_request_only(session, tasks, named):
     good, bad = session.step(
         [
-            RobotRequest("good", raw_observation(), text_tasks=TASKS),
-            RobotRequest("bad", raw_observation(), text_tasks=tasks),
+            RobotRequest("good", raw_observation(), RequestOptions(text_tasks=TASKS)),
+            RobotRequest("bad", raw_observation(), RequestOptions(text_tasks=tasks)),
         ]
     )
     assert isinstance(bad, ValueError) and named in str(bad) and "\n" not in str(bad)

@@ -1,7 +1,9 @@
 """The websocket transport against the real openpi client, on loopback, with toy numpy backends."""
 
 import asyncio
+import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -20,6 +22,7 @@ import websockets.sync.client
 from conftest import wait_until_healthy
 from websockets.exceptions import ConnectionClosed
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
 
@@ -46,11 +49,15 @@ class DoublingBackend:
         return METADATA
 
     def infer(self, obs: dict) -> dict:
+        if "state" not in obs:
+            raise InvalidRequest("observation is missing 'state'")
         state = obs["state"]
         if state.ndim != 1:
-            raise ValueError(f"state must be 1-D, got shape {state.shape}")
+            raise InvalidRequest(f"state must be 1-D, got shape {state.shape}")
         if "crash" in obs:
             raise RuntimeError("backend crashed")
+        if "bug" in obs:
+            raise ValueError("a bug in the backend, not the client's mistake")
         return {"actions": state[None] * 2, "echo": obs}
 
 
@@ -224,9 +231,9 @@ def test_bad_requests_get_an_error_and_everyone_keeps_working(server):
     with ThreadPoolExecutor(1) as pool:
         bystander = pool.submit(run_client, server.port, 7)
         client = connect(server.port)
-        with pytest.raises(RuntimeError, match=r"Bad request: KeyError: 'state'"):
+        with pytest.raises(RuntimeError, match=r"Bad request: observation is missing 'state'"):
             client.infer({"no_state": 1})
-        with pytest.raises(RuntimeError, match=r"Bad request: ValueError: state must be 1-D"):
+        with pytest.raises(RuntimeError, match=r"Bad request: state must be 1-D"):
             client.infer({"state": np.zeros((2, 2))})
         assert_same(client.infer(good)["actions"], good["state"][None] * 2)
         assert bystander.result() == N_REQUESTS
@@ -264,6 +271,20 @@ def test_internal_error_is_one_line_with_an_id_and_closes_nothing(server):
         client.infer({"state": np.zeros(2), "crash": True})
     assert_same(client.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
     assert_same(other.infer({"state": np.ones(2)})["actions"], np.full((1, 2), 2.0))
+
+
+def test_a_value_error_that_is_no_invalid_request_is_a_server_fault_logged_with_its_traceback(server, caplog):
+    """Only `InvalidRequest` is the client's fault: any other ValueError is answered as an internal error,
+    and the log holds its traceback at ERROR under the id the client got."""
+    internal = r"Internal server error: ValueError \(error id ([0-9a-f]{8})\)$"
+    with (
+        caplog.at_level(logging.ERROR, logger="oxygen_jax.serving.websocket_server"),
+        pytest.raises(RuntimeError, match=internal) as error,
+    ):
+        connect(server.port).infer({"state": np.zeros(2), "bug": True})
+    error_id = re.search(r"error id ([0-9a-f]{8})", str(error.value)).group(1)
+    (record,) = [r for r in caplog.records if error_id in r.getMessage()]
+    assert record.levelno == logging.ERROR and "a bug in the backend" in str(record.exc_info[1])
 
 
 def test_debug_errors_send_the_traceback():

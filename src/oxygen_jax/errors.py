@@ -27,3 +27,8 @@ class InvalidArgumentError(UserError, ValueError):
 
 class UnreachableError(UserError, OSError):
     """A remote location the user named cannot be reached (offline, DNS, permissions)."""
+
+
+class InvalidRequest(UserError, ValueError):  # noqa: N818 (a request, not an error, is what is invalid)
+    """A served request the policy refuses (a missing key, a bad option): the client's fault, answered in
+    one line. Anything else raised while serving is a server fault."""

@@ -13,10 +13,11 @@ import numpy as np
 from oxygen_jax.benchmarks.spec import RunSpec
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
-from oxygen_jax.runtime.k_policy import DeadlineK, FixedK
+from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.requests import TextRequest, TextResult
-from oxygen_jax.runtime.scheduler import FrameInput, FrameResult, FrameScheduler
+from oxygen_jax.runtime.runtime import RuntimeConfig
+from oxygen_jax.runtime.scheduler import FrameInput, FrameResult
 
 # (act, language source) of each in-frame role; language source None: no language.
 _IN_FRAME = {
@@ -100,24 +101,35 @@ class InFrame:
 
 
 class Oxygen:
-    """The frame scheduler: one prefill per frame feeds actions and the cross-frame language batch."""
+    """The frame scheduler's runtime on a frame clock: one prefill per frame feeds actions and the
+    cross-frame language batch."""
 
     def __init__(self, engine: Engine, spec: RunSpec):
-        self.manager = KVCacheManager(engine, spec.slots, spec.longest)
-        policy = DeadlineK(spec.target_hz, max_k=spec.longest) if spec.target_hz else FixedK(spec.k)
-        self.scheduler = FrameScheduler(
-            engine, self.manager, policy, num_steps=spec.num_steps, max_prefill_batch=1, seed=spec.seed
+        config = RuntimeConfig(
+            max_slots=spec.slots,
+            max_new_tokens=spec.longest,
+            loop=None,
+            k=spec.k,
+            target_hz=spec.target_hz,
+            num_steps=spec.num_steps,
+            max_prefill_batch=1,
+            seed=spec.seed,
         )
+        self.runtime = runtime.build(engine, config)
         self._next_id = 0
 
+    @property
+    def manager(self) -> KVCacheManager:
+        return self.runtime.manager
+
     def warmup(self, example: dict[str, np.ndarray], schedule: list[list[int]]) -> None:
-        del schedule  # the scheduler's warm-up covers every shape steady state can meet
-        self.scheduler.warmup(example)
+        del schedule  # the runtime's warm-up covers every shape steady state can meet
+        self.runtime.warmup(example)
 
     def step(self, arrays: dict[str, np.ndarray], lengths: list[int]) -> FrameResult:
         requests = [TextRequest(self._next_id + i, n) for i, n in enumerate(lengths)]
         self._next_id += len(lengths)
-        return self.scheduler.step([FrameInput(arrays, requests=requests)])
+        return self.runtime.step([FrameInput(arrays, requests=requests)])
 
 
 def build(role: str, engine: Engine, spec: RunSpec) -> InFrame | Oxygen:

@@ -21,10 +21,10 @@ from oxygen_jax.engine.batch_state import state_bytes
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import MAX_TASK_TOKENS
-from oxygen_jax.runtime.device_loop import ActionReply, DeviceLoop, ObservationWork
-from oxygen_jax.runtime.k_policy import DelayBoundK, FixedK
-from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime import runtime
+from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork
 from oxygen_jax.runtime.requests import TextRequest, TextResult
+from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
 SHARING = ("isolated", "shared")
@@ -117,33 +117,35 @@ class _Workload:
             self.outstanding -= 1
 
 
-def build_scheduler(engine: CountingEngine, sharing: str, example: dict, seed: int) -> FrameScheduler:
-    """A scheduler with room for one observation's tasks, every shape compiled, counters at zero."""
-    manager = KVCacheManager(engine, len(TASKS), max(n for _, n, _ in TASKS))
-    cls = IsolatedTasks if sharing == "isolated" else FrameScheduler
-    scheduler = cls(
-        engine,
-        manager,
-        FixedK(1),
+def build_runtime(engine: CountingEngine, sharing: str, decoding: str, example: dict, seed: int) -> Runtime:
+    """A runtime with room for one observation's tasks, every shape compiled, counters at zero: a frame
+    clock decoding the longest task inside each frame, or the async device loop."""
+    longest = max(n for _, n, _ in TASKS)
+    config = RuntimeConfig(
+        max_slots=len(TASKS),
+        max_new_tokens=longest,
+        loop=None if decoding == "frame" else "async",
+        k=longest,
         max_prefill_batch=1,
         seed=seed,
         task_suffix_len=MAX_TASK_TOKENS,
         max_frame_tasks=len(TASKS),
     )
-    scheduler.warmup(example)
+    scheduler_type = IsolatedTasks if sharing == "isolated" else FrameScheduler
+    built = runtime.build(engine, config, scheduler_type=scheduler_type)
+    built.warmup(example)
     engine.reset()
-    return scheduler
+    return built
 
 
-def _frame_mode(scheduler: FrameScheduler, observations: list, suffixes, setting: Setting) -> dict:
+def _frame_mode(frames: Runtime, observations: list, suffixes, setting: Setting) -> dict:
     """One observation per frame; decode(longest task) inside the frame, so its tasks all finish in it."""
-    scheduler.k_policy = FixedK(max(n for _, n, _ in TASKS))
     workload = _Workload(suffixes)
     frame_s = []
     start = time.perf_counter()
     for frame in range(setting.frames):
         arrays = observations[frame % len(observations)]
-        frame_s.append(scheduler.step([FrameInput(arrays, tasks=workload.tasks())]).total_s)
+        frame_s.append(frames.step([FrameInput(arrays, tasks=workload.tasks())]).total_s)
     wall = time.perf_counter() - start
     return {
         "observations": setting.frames,
@@ -154,11 +156,9 @@ def _frame_mode(scheduler: FrameScheduler, observations: list, suffixes, setting
     }
 
 
-def _async_mode(scheduler: FrameScheduler, observations: list, suffixes, setting: Setting) -> dict:
+def _async_mode(loop: Runtime, observations: list, suffixes, setting: Setting) -> dict:
     """One robot: observation, actions, `think_ms` executing them, next observation; an observation
     carries tasks once the previous ones finished. frame_ms_mean is the observation-to-actions latency."""
-    scheduler.k_policy = DelayBoundK(max_k=max(n for _, n, _ in TASKS))
-    loop = DeviceLoop(scheduler, mode="async").start()
     workload = _Workload(suffixes)
     replied = threading.Event()
     errors: list[Exception] = []
@@ -214,13 +214,13 @@ def run(engine: Engine, observations: list, setting: Setting) -> dict:
     suffixes = instructions(engine.config.vocab_size, setting.seed)
     modes, bytes_per_task, prefill = {}, None, None
     for sharing in SHARING:
-        scheduler = build_scheduler(counted, sharing, observations[0], setting.seed)
-        prefill = prefill or prefill_ms(engine, observations[0])
-        bytes_per_task = state_bytes(scheduler.manager.state) / scheduler.manager.max_slots
         for decoding in DECODING:
+            built = build_runtime(counted, sharing, decoding, observations[0], setting.seed)
+            prefill = prefill or prefill_ms(engine, observations[0])
+            bytes_per_task = state_bytes(built.manager.state) / built.manager.max_slots
             counted.reset()
             measure = _frame_mode if decoding == "frame" else _async_mode
-            result = measure(scheduler, observations, suffixes, setting)
+            result = measure(built, observations, suffixes, setting)
             wall = result.pop("wall_s")
             modes[f"{sharing}_{decoding}"] = {
                 "sharing": sharing,

@@ -15,11 +15,11 @@ import time
 import numpy as np
 
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.runtime.device_loop import ActionReply, DeviceLoop, ObservationWork
-from oxygen_jax.runtime.k_policy import DelayBoundK, FixedK
-from oxygen_jax.runtime.manager import KVCacheManager
+from oxygen_jax.runtime import runtime
+from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork
 from oxygen_jax.runtime.requests import TextRequest, TextResult
-from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
+from oxygen_jax.runtime.scheduler import FrameInput
 
 MODES = ("action_only", "frame", "async")
 
@@ -40,7 +40,7 @@ class Setting:
 
 
 class _Robot(threading.Thread):
-    def __init__(self, index: int, loop: DeviceLoop, observations: list, setting: Setting, language: bool):
+    def __init__(self, index: int, loop: Runtime, observations: list, setting: Setting, language: bool):
         super().__init__(name=f"robot-{index}", daemon=True)
         self.index, self.loop, self.observations, self.setting, self.language = (
             index,
@@ -103,24 +103,19 @@ def run_mode(engine: Engine, observations: list, mode: str, setting: Setting, nu
     `setting.seconds`, return the metrics."""
     language = mode != "action_only"
     data = engine.data_size  # slots split evenly over the mesh's data axis
-    slots = -(-setting.robots // data) * data if language else 0
-    manager = KVCacheManager(engine, slots, setting.max_new)
-    scheduler = FrameScheduler(
-        engine, manager, FixedK(1), num_steps=num_steps, max_prefill_batch=setting.max_batch
-    )
-    if language:
-        scheduler.warmup(observations[0])
-    else:
-        for size in range(1, setting.max_batch + 1):
-            scheduler.act([FrameInput(observations[0])] * size)
-    scheduler.k_policy = DelayBoundK(max_k=setting.max_new) if mode == "async" else FixedK(setting.frame_k)
-    loop = DeviceLoop(
-        scheduler,
-        mode="frame" if mode == "frame" else "async",
-        gather_s=setting.gather_ms / 1e3,
-        expected_senders=lambda: setting.robots,
+    config = RuntimeConfig(
+        max_slots=-(-setting.robots // data) * data if language else 0,
+        max_new_tokens=setting.max_new,
+        loop="frame" if mode == "frame" else "async",
+        k=setting.frame_k,
         owed_k=setting.frame_k,
-    ).start()
+        num_steps=num_steps,
+        max_prefill_batch=setting.max_batch,
+        gather_s=setting.gather_ms / 1e3,
+    )
+    loop = runtime.build(engine, config, expected_senders=lambda: setting.robots)
+    loop.warmup(observations[0])
+    loop.start()
     robots = [_Robot(i, loop, observations, setting, language) for i in range(setting.robots)]
     start = time.perf_counter()
     for robot in robots:

@@ -1,26 +1,30 @@
 """A robot policy: the engine, one robot's transforms and the tokenizer, behind openpi's `infer(obs)`.
 
 Drop-in for openpi's `Policy`: one unbatched raw observation in, robot-space `actions` [H, robot dims]
-and `policy_timing` out. With language on, `text` comes from the same prefill as the actions
-(`Engine.act_and_speak`), so speaking never costs a second pass over the images.
+and `policy_timing` out. With language on, `text` comes from the same prefill as the actions, so speaking
+never costs a second pass over the images.
+
+A request takes one path wherever it is served: `Policy.prepare` (checks, robot transforms, tokenizing,
+text tasks; stateless) -> a runtime (here the engine called inline; served, the shared `runtime.Runtime`)
+-> `Policy.finish` (output transforms, detokenizing; stateless).
 """
 
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.errors import ConfigError
+from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
@@ -35,16 +39,6 @@ MAX_TEMPERATURE = 100.0
 
 # A text task's instruction tokens (its suffix on the shared prefix; one compiled shape).
 MAX_TASK_TOKENS = 32
-
-
-@dataclasses.dataclass(frozen=True)
-class PlannedTask:
-    """One checked text task: its instruction's tokens (the suffix on the shared prefix) and options."""
-
-    name: str
-    suffix: list[int]
-    max_new_tokens: int
-    temperature: float
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,12 +109,68 @@ class _FittingPrompt:
     def tokenize(self, prompt: str, state: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         tokens, max_len = self.tokenizer.prompt_tokens(prompt, state), self.tokenizer.max_len
         if len(tokens) > max_len and (state is None or len(self.tokenizer.prompt_tokens(prompt)) > max_len):
-            raise ValueError(f"prompt too long: it does not fit in max_token_len {max_len} tokens")
+            raise InvalidRequest(f"prompt too long: it does not fit in max_token_len {max_len} tokens")
         return pad_or_truncate(tokens, max_len)
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestOptions:
+    """One request's options, as `Policy.infer` takes them (None: the policy's own).
+
+    noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic;
+    prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
+    temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
+    language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix.
+    """
+
+    noise: np.ndarray | None = None
+    prompt_for_text: bool | None = None
+    max_text_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    text_tasks: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class TextPlan:
+    """One language request an observation starts: its task (None: it continues the observation's prompt),
+    the task instruction's tokens (the suffix on the shared prefix) and its sampling."""
+
+    task: str | None
+    suffix: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedRequest:
+    """A raw request after `Policy.prepare`: everything the runtime needs and nothing of the robot's own.
+
+    arrays: the canonical model inputs with batch dim 1; noise: [1, H, action_dim] float32, or None to
+    draw it where the actions are computed (from `noise_seed`); texts: the language requests it starts
+    (none: actions only); state: the normalized state the output transforms read back in `finish`.
+    """
+
+    arrays: dict[str, np.ndarray]
+    noise: np.ndarray | None
+    noise_seed: int
+    texts: tuple[TextPlan, ...]
+    state: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class Speech:
+    """The text of one language request so far: its tokens and, when already detokenized, its text."""
+
+    tokens: np.ndarray
+    text: str | None = None
+
+
 class Policy:
-    """Engine + robot I/O + tokenizer. Not thread-safe: serve it from one thread at a time."""
+    """Engine + robot I/O + tokenizer behind two stateless, thread-safe stages, `prepare` and `finish`;
+    `infer` runs one request through them with the engine in between."""
 
     def __init__(
         self,
@@ -142,8 +192,10 @@ class Policy:
         self._tokenizer = tokenizer
         self._temperature = temperature
         self._top_p = top_p
-        # Per-call seeds for the noise and the text sampler, reproducible from `seed`.
+        # Per-request seeds for the noise and the text sampler, reproducible from `seed`; the lock makes
+        # `prepare` safe from several threads.
         self._rng = np.random.default_rng(seed)
+        self._rng_lock = threading.Lock()
         self._metadata = dict(metadata or {})
 
     @property
@@ -162,131 +214,119 @@ class Policy:
         """One raw robot observation -> the canonical unbatched model inputs (`RobotIO.inputs`)."""
         return self.io.inputs(obs)
 
-    def infer(
+    def prepare(
         self,
         obs: Mapping[str, Any],
+        options: RequestOptions = RequestOptions(),
         *,
-        noise: np.ndarray | None = None,
-        prompt_for_text: bool | None = None,
-        max_text_tokens: int | None = None,
-        temperature: float | None = None,
-        top_p: float | None = None,
-        text_tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-    ) -> dict[str, Any]:
-        """openpi's `infer`, plus `text` and `text_tokens` when language is on for this call.
-
-        text_tasks: several named language tasks on this observation (see `policies.text_tasks`), each
-        its instruction appended to the shared prefix (`Engine.extend`); the reply then carries `texts`
-        (name -> text) and `texts_tokens` (name -> tokens) instead of `text`. One prefill serves the
-        actions and every task; per-task `max_text_tokens`/`temperature` default to this call's.
-
-        noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic.
-        prompt_for_text: ask for text (None: iff the policy's `max_text_tokens` > 0; False: actions only).
-        max_text_tokens, temperature, top_p: this call's text budget (at most the policy's) and sampling.
-        `policy_timing`: `infer_ms` until the actions are ready, `text_ms` until the text is.
-        """
-        if text_tasks is not None:
-            return self._infer_tasks(obs, noise, text_tasks, max_text_tokens, temperature, top_p)
-        budget = self.text_budget(prompt_for_text, max_text_tokens)
-        temperature = self.text_temperature(temperature)
-        top_p = self.text_top_p(top_p)
-        arrays, observation, noise, text_seed = self._prepare(obs, noise)
-
-        start = time.monotonic()
-        text = None
-        if budget:
-            actions, text = self.engine.act_and_speak(
-                observation,
-                noise,
-                self.num_steps,
-                self.max_text_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                max_new=budget,
-                seed=text_seed,
+        max_tasks: int | None = None,
+    ) -> PreparedRequest:
+        """Checks and transforms one raw request (`InvalidRequest` names what is wrong): the robot's input
+        transforms, tokenizing, its text tasks and noise. max_tasks: the most text tasks it may carry."""
+        budget = self.text_budget(options.prompt_for_text, options.max_text_tokens)
+        temperature = self.text_temperature(options.temperature)
+        top_p = self.text_top_p(options.top_p)
+        arrays = {key: np.asarray(value)[None] for key, value in self.model_inputs(obs).items()}
+        noise = None if options.noise is None else self.action_noise(options.noise)
+        with self._rng_lock:
+            noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
+        texts: tuple[TextPlan, ...] = ()
+        if options.text_tasks is not None:
+            tasks = parse_text_tasks(options.text_tasks)
+            if max_tasks is not None and len(tasks) > max_tasks:
+                limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
+                raise InvalidRequest(f"text_tasks: {limit}")
+            texts = tuple(
+                TextPlan(
+                    task.name,
+                    tuple(self.task_suffix(task)),
+                    self.text_budget(
+                        True,
+                        options.max_text_tokens if task.max_text_tokens is None else task.max_text_tokens,
+                    ),
+                    temperature if task.temperature is None else self.text_temperature(task.temperature),
+                    top_p,
+                    (text_seed + i) % 2**31,
+                )
+                for i, task in enumerate(tasks)
             )
+            if not budget:
+                texts = ()  # no text for this request (max_text_tokens=0 or prompt_for_text=False)
+        elif budget:
+            texts = (TextPlan(None, (), budget, temperature, top_p, text_seed),)
+        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0])
+
+    def finish(
+        self,
+        prepared: PreparedRequest,
+        actions: np.ndarray,
+        text: Mapping[str | None, Speech] | None = None,
+    ) -> dict[str, Any]:
+        """The reply to one request: model actions [H, action_dim] through the robot's output transforms,
+        and the text of its language requests (task name, None for the prompt's continuation -> speech),
+        detokenized where not yet: `text`/`text_tokens`, or `texts`/`texts_tokens` by task name."""
+        outputs = self.io.outputs(prepared.state, np.asarray(actions))
+        if not text:
+            return outputs
+        said = {
+            task: (speech.text if speech.text is not None else self.detokenize(speech.tokens), speech.tokens)
+            for task, speech in text.items()
+        }
+        if None in said:
+            outputs["text"], outputs["text_tokens"] = said[None]
         else:
-            actions = self.engine.denoise(self.engine.prefill(observation), noise, self.num_steps)
-        timing = {"infer_ms": (time.monotonic() - start) * 1000}
-        outputs = self.robot_outputs(arrays["state"], np.asarray(actions[0]))
-        if text is not None:
-            tokens = np.asarray(text.tokens[0, : int(text.lengths[0])], np.int32)
-            timing["text_ms"] = (time.monotonic() - start) * 1000
-            outputs["text"] = self.detokenize(tokens)
-            outputs["text_tokens"] = tokens
-        outputs["policy_timing"] = timing
+            outputs["texts"] = {task: words for task, (words, _) in said.items()}
+            outputs["texts_tokens"] = {task: tokens for task, (_, tokens) in said.items()}
         return outputs
 
-    def _prepare(self, obs: Mapping[str, Any], noise: np.ndarray | None):
-        """(model-level arrays, batch-1 Observation, action noise, text seed) of one raw observation."""
-        arrays = self.model_inputs(obs)
-        observation = _inputs.observation_from_arrays(
-            {key: np.asarray(value)[None] for key, value in arrays.items()}, self.engine.config
+    def infer(self, obs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
+        """openpi's `infer`: `prepare` -> the engine -> `finish`, plus `text` and `text_tokens` (or `texts`
+        and `texts_tokens` with `text_tasks`) when language is on for this call; options: `RequestOptions`.
+        One prefill serves the actions and every language request. `policy_timing`: `infer_ms` until the
+        actions are ready, `text_ms` until the text is."""
+        prepared = self.prepare(obs, RequestOptions(**options))
+        start = time.monotonic()
+        observation = _inputs.observation_from_arrays(prepared.arrays, self.engine.config)
+        noise = (
+            self.engine.noise(jax.random.key(prepared.noise_seed), 1)
+            if prepared.noise is None
+            else prepared.noise
         )
-        noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
-        return arrays, observation, self.action_noise(noise, noise_seed), text_seed
+        cache = self.engine.prefill(observation)
+        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps)[0])
+        timing = {"infer_ms": (time.monotonic() - start) * 1000}
+        text = self._speak(cache, prepared.texts) if prepared.texts else None
+        if text is not None:
+            timing["text_ms"] = (time.monotonic() - start) * 1000
+        return {**self.finish(prepared, actions, text), "policy_timing": timing}
+
+    def _speak(self, cache, texts: Sequence[TextPlan]) -> dict[str | None, Speech]:
+        """Every language request of one observation decoded to completion on its prefix cache: the prompt's
+        continuation on the cache itself, text tasks after one extension call."""
+        if texts[0].task is not None:
+            cache = self.engine.extend(
+                cache, np.zeros(len(texts), np.int32), [list(t.suffix) for t in texts], MAX_TASK_TOKENS
+            )
+        pad = cache.mask.shape[0] - len(texts)
+        out = self.engine.generate(
+            cache,
+            self.max_text_tokens,
+            temperature=np.array([t.temperature for t in texts] + [0.0] * pad, np.float32),
+            top_p=texts[0].top_p,
+            max_new=np.array([t.max_new_tokens for t in texts] + [1] * pad, np.int32),
+            seed=texts[0].seed,
+        )
+        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+        return {t.task: Speech(tokens[i, : lengths[i]].astype(np.int32)) for i, t in enumerate(texts)}
 
     def task_suffix(self, task: TextTask) -> list[int]:
         """The task's instruction tokens, refused (one line) when longer than `MAX_TASK_TOKENS`."""
         suffix = self._tokenizer.tokenize_task(task.instruction)
         if len(suffix) > MAX_TASK_TOKENS:
-            raise ValueError(
+            raise InvalidRequest(
                 f"text task {task.name!r}: instruction is {len(suffix)} tokens, at most {MAX_TASK_TOKENS}"
             )
         return suffix
-
-    def plan_text_tasks(
-        self, text_tasks: Any, max_text_tokens: int | None, temperature: float | None
-    ) -> list[PlannedTask]:
-        """A request's `text_tasks` checked: per task its name, instruction suffix, token budget and
-        temperature (the call's `max_text_tokens` / `temperature` where the task sets none)."""
-        default_temperature = self.text_temperature(temperature)
-        return [
-            PlannedTask(
-                task.name,
-                self.task_suffix(task),
-                self.text_budget(
-                    True, max_text_tokens if task.max_text_tokens is None else task.max_text_tokens
-                ),
-                default_temperature if task.temperature is None else self.text_temperature(task.temperature),
-            )
-            for task in parse_text_tasks(text_tasks)
-        ]
-
-    def _infer_tasks(self, obs, noise, text_tasks, max_text_tokens, temperature, top_p) -> dict[str, Any]:
-        """Actions and one text per task, from one prefill plus one extension call."""
-        tasks = self.plan_text_tasks(text_tasks, max_text_tokens, temperature)
-        budgets = [task.max_new_tokens for task in tasks]
-        temps = [task.temperature for task in tasks]
-        suffixes = [task.suffix for task in tasks]
-        arrays, observation, noise, text_seed = self._prepare(obs, noise)
-
-        start = time.monotonic()
-        cache = self.engine.prefill(observation)
-        actions = self.engine.denoise(cache, noise, self.num_steps)
-        outputs = self.robot_outputs(arrays["state"], np.asarray(actions[0]))
-        timing = {"infer_ms": (time.monotonic() - start) * 1000}
-        extended = self.engine.extend(cache, np.zeros(len(tasks), np.int32), suffixes, MAX_TASK_TOKENS)
-        pad = extended.mask.shape[0] - len(tasks)
-        text = self.engine.generate(
-            extended,
-            self.max_text_tokens,
-            temperature=np.array(temps + [0.0] * pad, np.float32),
-            top_p=self.text_top_p(top_p),
-            max_new=np.array(budgets + [1] * pad, np.int32),
-            seed=text_seed,
-        )
-        tokens, lengths = np.asarray(text.tokens), np.asarray(text.lengths)
-        by_task = {t.name: tokens[i, : lengths[i]].astype(np.int32) for i, t in enumerate(tasks)}
-        timing["text_ms"] = (time.monotonic() - start) * 1000
-        outputs["texts"] = {name: self.detokenize(ids) for name, ids in by_task.items()}
-        outputs["texts_tokens"] = by_task
-        outputs["policy_timing"] = timing
-        return outputs
-
-    def robot_outputs(self, state: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
-        """Model actions [H, action_dim] -> the robot's outputs (`RobotIO.outputs`)."""
-        return self.io.outputs(state, actions)
 
     def detokenize(self, tokens: np.ndarray) -> str:
         return self._tokenizer.detokenize(tokens)
@@ -295,14 +335,14 @@ class Policy:
         """This call's sampling temperature (the policy's when None), checked."""
         temperature = self._temperature if temperature is None else float(temperature)
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
+            raise InvalidRequest(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
         return temperature
 
     def text_top_p(self, top_p: float | None) -> float:
         """This call's nucleus mass (the policy's when None), checked."""
         top_p = self._top_p if top_p is None else float(top_p)
         if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+            raise InvalidRequest(f"top_p must lie in (0, 1], got {top_p}")
         return top_p
 
     def text_budget(self, prompt_for_text: bool | None, max_text_tokens: int | None) -> int:
@@ -311,18 +351,19 @@ class Policy:
             return 0
         budget = self.max_text_tokens if max_text_tokens is None else int(max_text_tokens)
         if not 0 <= budget <= self.max_text_tokens:
-            raise ValueError(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
+            raise InvalidRequest(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
         if prompt_for_text and budget == 0:
-            raise ValueError("text was asked for, but this policy has language off (max_text_tokens 0)")
+            raise InvalidRequest("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
 
-    def action_noise(self, noise: np.ndarray | None, seed: int) -> jax.Array:
-        """The given noise ([H, action_dim] or [1, H, action_dim]) checked, or a fresh draw from `seed`."""
-        if noise is None:
-            return self.engine.noise(jax.random.key(seed), 1)
+    def action_noise(self, noise: np.ndarray) -> np.ndarray:
+        """The request's noise ([H, action_dim] or [1, H, action_dim]) checked, as [1, H, action_dim]."""
         noise = np.asarray(noise)
         arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
-        return jnp.asarray(_inputs.noise_from_arrays(arrays, self.engine.config, 1))
+        try:
+            return _inputs.noise_from_arrays(arrays, self.engine.config, 1)
+        except ValueError as error:  # the request's noise, not the model, is wrong
+            raise InvalidRequest(" ".join(str(error).split())) from error
 
 
 def norm_stats_for(cfg, checkpoint_dir: str | None) -> dict[str, normalization.NormStats] | None:

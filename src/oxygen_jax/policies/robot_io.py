@@ -13,8 +13,9 @@ request, so no request can change how another one is batched or computed:
   [L], `tokenized_prompt_mask` bool [L] and `state` float32 [action_dim] (the normalized, padded state
   the output transforms read back, as openpi hands it to them).
 
-Any exception raised while preparing one observation becomes an `ObservationError` (a ValueError) that
-names the key and what was expected, so a caller serving many robots can refuse that request alone.
+Every check raises `InvalidRequest` naming the key and what was expected, so a caller serving many robots
+can refuse that request alone. Any other exception from the transforms is a server fault and passes
+through unchanged, so a bug in a transform is never answered as the client's mistake.
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 from flax import traverse_util
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies import transforms
 
@@ -31,10 +33,6 @@ from oxygen_jax.policies import transforms
 MAX_PROMPT_CHARS = 2000
 
 Path = tuple[str, ...]
-
-
-class ObservationError(ValueError):
-    """A raw observation the robot's transforms cannot take; the message names the key."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,14 +73,8 @@ class RobotIO:
     def inputs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One raw observation -> the canonical unbatched model inputs (see the module docstring)."""
         if not isinstance(obs, Mapping):
-            raise ObservationError(f"observation must be a map, got {type(obs).__name__}")
-        raw = self._checked_raw(obs)
-        try:
-            data = self.pipeline.inputs(raw)
-        except ObservationError:
-            raise
-        except Exception as error:  # e.g. a prompt the tokenizer refuses: still only this request's fault
-            raise ObservationError(_one_line(error)) from error
+            raise InvalidRequest(f"observation must be a map, got {type(obs).__name__}")
+        data = self.pipeline.inputs(self._checked_raw(obs))
         return self._canonical(traverse_util.flatten_dict(data, sep="/"))
 
     def outputs(self, state: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
@@ -97,10 +89,10 @@ class RobotIO:
             if (image := _lookup(obs, path)) is not None:
                 raw[path] = _checked_image(path, image, self.spec.channels_first_only)
             elif required:
-                raise ObservationError(f"observation is missing {_name(path)!r}; got keys {_keys(obs)}")
+                raise InvalidRequest(f"observation is missing {_name(path)!r}; got keys {_keys(obs)}")
         for path, size in self.spec.vectors.items():
             if (value := _lookup(obs, path)) is None:
-                raise ObservationError(f"observation is missing {_name(path)!r}; got keys {_keys(obs)}")
+                raise InvalidRequest(f"observation is missing {_name(path)!r}; got keys {_keys(obs)}")
             raw[path] = _checked_vector(path, value, size)
         if (prompt := _lookup(obs, ("prompt",))) is not None:
             raw[("prompt",)] = _checked_prompt(prompt, self.max_prompt_chars)
@@ -120,17 +112,12 @@ class RobotIO:
             value = np.asarray(arrays.get(key))
             kinds = {np.uint8: "u", np.bool_: "b", np.int32: "iu", np.float32: "f"}[dtype]
             if value.shape != shape or value.dtype.kind not in kinds:
-                raise ObservationError(
+                raise InvalidRequest(
                     f"{key!r}: expected {np.dtype(dtype)} {list(shape)} after the robot transforms, "
                     f"got {value.dtype} {list(value.shape)}"
                 )
             canonical[key] = value.astype(dtype, copy=False)
         return canonical
-
-
-def _one_line(error: Exception) -> str:
-    message = " ".join(str(error).split())
-    return message if isinstance(error, ValueError) else f"{type(error).__name__}: {message}"
 
 
 def _name(path: Path) -> str:
@@ -156,16 +143,14 @@ def _checked_image(path: Path, image: Any, channels_first_only: bool) -> np.ndar
     layouts = "[3, H, W]" if channels_first_only else "[H, W, 3] or [3, H, W]"
     if not isinstance(image, np.ndarray) or not (image.dtype == np.uint8 or image.dtype.kind == "f"):
         what = f"{image.dtype} array" if isinstance(image, np.ndarray) else type(image).__name__
-        raise ObservationError(
-            f"{name!r}: expected a uint8 image, or floats in [0, 1], {layouts}; got {what}"
-        )
+        raise InvalidRequest(f"{name!r}: expected a uint8 image, or floats in [0, 1], {layouts}; got {what}")
     channels_first = image.ndim == 3 and image.shape[0] == 3
     if image.ndim != 3 or not (channels_first or (image.shape[-1] == 3 and not channels_first_only)):
-        raise ObservationError(f"{name!r}: expected one image {layouts}, got shape {list(image.shape)}")
+        raise InvalidRequest(f"{name!r}: expected one image {layouts}, got shape {list(image.shape)}")
     if min(image.shape) == 0:
-        raise ObservationError(f"{name!r}: empty image, shape {list(image.shape)}")
+        raise InvalidRequest(f"{name!r}: empty image, shape {list(image.shape)}")
     if image.dtype.kind == "f" and not (np.isfinite(image).all() and image.min() >= 0 and image.max() <= 1):
-        raise ObservationError(f"{name!r}: float images must hold finite values in [0, 1]")
+        raise InvalidRequest(f"{name!r}: float images must hold finite values in [0, 1]")
     return image
 
 
@@ -174,11 +159,11 @@ def _checked_vector(path: Path, value: Any, size: int) -> np.ndarray:
     numeric = isinstance(value, np.ndarray | np.generic | list | tuple | int | float)
     array = np.asarray(value) if numeric else None
     if array is None or array.dtype.kind not in "iuf":
-        raise ObservationError(f"{name!r}: expected {size} numbers, got {type(value).__name__}")
+        raise InvalidRequest(f"{name!r}: expected {size} numbers, got {type(value).__name__}")
     if array.shape != (size,) and not (size == 1 and array.shape == ()):
-        raise ObservationError(f"{name!r}: expected {size} values, got shape {list(array.shape)}")
+        raise InvalidRequest(f"{name!r}: expected {size} values, got shape {list(array.shape)}")
     if not np.isfinite(array).all():
-        raise ObservationError(f"{name!r}: contains NaN or infinite values")
+        raise InvalidRequest(f"{name!r}: contains NaN or infinite values")
     return array if array.dtype.kind == "f" else array.astype(np.float64)
 
 
@@ -189,9 +174,9 @@ def _checked_prompt(prompt: Any, max_chars: int) -> str:
         try:
             prompt = prompt.decode("utf-8")
         except UnicodeDecodeError as error:
-            raise ObservationError("'prompt': bytes that are not UTF-8") from error
+            raise InvalidRequest("'prompt': bytes that are not UTF-8") from error
     if not isinstance(prompt, str):
-        raise ObservationError(f"'prompt': expected a string, got {type(prompt).__name__}")
+        raise InvalidRequest(f"'prompt': expected a string, got {type(prompt).__name__}")
     if len(prompt) > max_chars:
-        raise ObservationError(f"'prompt': {len(prompt)} characters, at most {max_chars} are accepted")
+        raise InvalidRequest(f"'prompt': {len(prompt)} characters, at most {max_chars} are accepted")
     return prompt

@@ -1,13 +1,15 @@
 """Several named language tasks on one observation: the request format and its checks.
 
 A request's `text_tasks` is a map name -> instruction, or name -> {"instruction", "max_text_tokens",
-"temperature"}, or a list of such dicts with a "name". Every mistake is a one-line ValueError that
+"temperature"}, or a list of such dicts with a "name". Every mistake is a one-line `InvalidRequest` that
 names the task, so a bad task fails its own request only.
 """
 
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from oxygen_jax.errors import InvalidRequest
 
 _OPTIONS = ("instruction", "max_text_tokens", "temperature")
 
@@ -24,19 +26,19 @@ class TextTask:
 
 def _task(name: Any, spec: Any) -> TextTask:
     if not isinstance(name, str) or not name:
-        raise ValueError(f"text task names must be non-empty strings, got {name!r}")
+        raise InvalidRequest(f"text task names must be non-empty strings, got {name!r}")
     if isinstance(spec, str):
         spec = {"instruction": spec}
     if not isinstance(spec, Mapping):
-        raise ValueError(
+        raise InvalidRequest(
             f"text task {name!r}: expected an instruction string or a dict, got {type(spec).__name__}"
         )
     unknown = sorted(set(spec) - set(_OPTIONS))
     if unknown:
-        raise ValueError(f"text task {name!r}: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
+        raise InvalidRequest(f"text task {name!r}: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
     instruction = spec.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
-        raise ValueError(f"text task {name!r}: needs a non-empty 'instruction' string")
+        raise InvalidRequest(f"text task {name!r}: needs a non-empty 'instruction' string")
     return TextTask(name, instruction, spec.get("max_text_tokens"), spec.get("temperature"))
 
 
@@ -48,18 +50,18 @@ def parse_text_tasks(tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> 
         parsed = []
         for spec in tasks:
             if not isinstance(spec, Mapping):
-                raise ValueError(
+                raise InvalidRequest(
                     f"a text task in a list must be a dict with a 'name', got {type(spec).__name__}"
                 )
             options = {key: value for key, value in spec.items() if key != "name"}
             parsed.append(_task(spec.get("name"), options))
     else:
-        raise ValueError(
+        raise InvalidRequest(
             f"text_tasks: expected a dict name -> instruction or a list, got {type(tasks).__name__}"
         )
     names = [t.name for t in parsed]
     if len(set(names)) != len(names):
-        raise ValueError(f"text_tasks: task names must be unique, got {names}")
+        raise InvalidRequest(f"text_tasks: task names must be unique, got {names}")
     if not parsed:
-        raise ValueError("text_tasks: no task given")
+        raise InvalidRequest("text_tasks: no task given")
     return parsed

@@ -11,6 +11,7 @@ from typing import Any, Protocol, TypeAlias
 
 import numpy as np
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies import image_tools
 from oxygen_jax.policies.normalization import NormStats, normalize, pad_to_dim, unnormalize
 
@@ -172,7 +173,7 @@ class TokenizePrompt:
     def __call__(self, data: DataDict) -> DataDict:
         data = dict(data)
         if (prompt := data.pop("prompt", None)) is None:
-            raise ValueError("Prompt is required")
+            raise InvalidRequest("Prompt is required")  # the robot sent none and its config has no default
         state = None
         if self.discrete_state_input and (state := data.get("state")) is None:
             raise ValueError("State is required when the state is part of the prompt.")

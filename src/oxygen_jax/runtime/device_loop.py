@@ -4,11 +4,11 @@ Robots send an observation, execute the returned actions for a while, then send 
 is idle between their requests. `DeviceLoop` takes two classes of work from other threads:
 
 - observations (`submit`): it gathers what is waiting (up to the scheduler's prefill batch, until every
-  expected sender has one in or `gather_s` after the first), runs prefill + denoise (`FrameScheduler.act`)
-  and hands each its actions the moment they are on the host, before any language work; the batch's
-  language requests then join the batch state;
+  expected sender has one in or `gather_s` after the first), runs prefill + denoise
+  (`FrameScheduler.act_only`) and hands each its actions the moment they are on the host, before any
+  language work; the batch's language requests then join the batch state;
 - language (`mode="async"`): whenever no observation is ready, one decode chunk of k steps over every
-  running request (`FrameScheduler.advance`), its tokens streamed by the requests' callbacks; and at
+  running request (`FrameScheduler.decode_chunk`), its tokens streamed by the output thread; and at
   least one chunk between two batches of observations, so robots that call back to back cannot starve
   language. k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
   it allows), so an observation that arrives during a chunk waits at most that chunk; the chunk owed
@@ -17,14 +17,16 @@ is idle between their requests. `DeviceLoop` takes two classes of work from othe
 
 `mode="frame"` is the paper's frame loop driven by arrivals: each gathered batch runs one whole
 `FrameScheduler.step` (actions, then decode(k)) before its replies leave, and language advances only in
-frames. With nothing to do the thread blocks on a condition variable (no spinning). The scheduler, its
-manager and every callback belong to this thread once it started; other threads reach them through
-`call`. A batch whose model call fails is retried one observation at a time, so only an observation that
-fails again hears the error. `stop` answers every observation already received before the thread ends.
+frames. With nothing to do the thread blocks on a condition variable (no spinning). The scheduler and its
+manager belong to this thread once it started; other threads reach them through `call`. The thread does
+no host work on results: replies and token events go to the runtime's output thread, in device order.
+A batch whose model call fails is retried one observation at a time, so only an observation that fails
+again hears the error. `stop` answers every observation already received before the thread ends.
 """
 
 import dataclasses
 import enum
+import functools
 import logging
 import threading
 import time
@@ -32,6 +34,7 @@ from collections.abc import Callable, Hashable
 
 import numpy as np
 
+from oxygen_jax.runtime.output import OutputThread
 from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
 
 logger = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ class ActionReply:
 
 @dataclasses.dataclass
 class ObservationWork:
-    """One observation for the device; `reply` runs on the device thread once its actions are ready."""
+    """One observation for the device; `reply` runs on the output thread once its actions are ready."""
 
     frame_input: FrameInput
     reply: Callable[[ActionReply], None]
@@ -91,6 +94,7 @@ class DeviceLoop:
     def __init__(
         self,
         scheduler: FrameScheduler,
+        output: OutputThread,
         *,
         mode: str = "async",
         gather_s: float = 0.0,
@@ -101,11 +105,10 @@ class DeviceLoop:
         expected_senders(): how many distinct senders to expect (a batch starts as soon as that many have
         an observation in); owed_k: decode steps of the chunk owed between two batches (None: the k
         policy's choice)."""
-        if owed_k is not None and owed_k < 1:
-            raise ValueError(f"owed_k must be >= 1, got {owed_k}")
         if mode not in MODES:
             raise ValueError(f"loop must be one of {MODES}, got {mode!r}")
         self.scheduler = scheduler
+        self.output = output
         self.mode = mode
         self.gather_s = gather_s
         self.expected_senders = expected_senders
@@ -241,18 +244,15 @@ class DeviceLoop:
         self.stats.observations += len(batch)
         for work, (actions, error) in zip(batch, outcomes, strict=True):
             reply = ActionReply(actions, error, start - work.received, action_s, len(batch))
-            try:
-                work.reply(reply)
-            except Exception:
-                logger.exception("an observation's reply callback failed")
+            self.output.push(functools.partial(work.reply, reply))
 
     def _run_batch(self, inputs: list[FrameInput]) -> list[np.ndarray]:
         """Frame mode: one whole frame (actions, then decode(k)); async: the actions only."""
         if self.mode == "frame":
-            return self.scheduler.step(inputs).actions
-        actions = self.scheduler.act(inputs)
-        self.scheduler.frame += 1
-        return actions
+            result = self.scheduler.step(inputs)
+            self.output.push_events(result.events)  # before the replies, as the frame produced them
+            return result.actions
+        return self.scheduler.act_only(inputs)
 
     def _run_alone(self, frame_input: FrameInput) -> tuple[np.ndarray | None, Exception | None]:
         try:
@@ -263,14 +263,8 @@ class DeviceLoop:
 
     def _decode_chunk(self, k: int | None) -> None:
         """One chunk of `k` steps (None: the k policy's choice)."""
-        scheduler = self.scheduler
-        scheduler.manager.admit(scheduler.frame)
-        k = scheduler.k_policy.choose() if k is None else k
-        start = time.perf_counter()
-        chunk = scheduler.advance(k)
-        chunk_s = time.perf_counter() - start
-        scheduler.k_policy.observe_decode(chunk.k, chunk_s)
-        scheduler.frame += 1
+        chunk, chunk_s = self.scheduler.decode_chunk(k)
+        self.output.push_events(chunk.events)
         self.stats.decode_s += chunk_s
         self.stats.chunks += 1
         self.stats.chunk_steps += chunk.k

@@ -1,12 +1,12 @@
 """The KV cache manager: the request table, slots of the batch state and the admission queue.
 
 Python bookkeeping only; every device update goes through the engine's jitted entry points with
-bucketed shapes, so the number of compilations stays bounded whatever the traffic.
+bucketed shapes, so the number of compilations stays bounded whatever the traffic. What decoding produces
+leaves as `TokenEvent`s (raw token ids); detokenizing and callbacks belong to the output stage.
 """
 
 import collections
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
@@ -14,7 +14,7 @@ from oxygen_jax.engine import mesh
 from oxygen_jax.engine.api import RuntimeEngine, SlotInsert
 from oxygen_jax.engine.batch_state import BatchState, state_bytes
 from oxygen_jax.models.pi05 import PrefixCache
-from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult
+from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult, TokenEvent
 
 
 def bucket(n: int, limit: int, multiple: int = 1) -> int:
@@ -35,20 +35,19 @@ class _Pending:
 
 
 class KVCacheManager:
-    """Owns the batch state σ̂ and the mapping request id -> slot. Requests are never dropped."""
+    """Owns the batch state σ̂ and the mapping request id -> slot. Requests are never dropped; a finished
+    one leaves every table, so the tables hold at most the slots plus the admission queue."""
 
     def __init__(
         self,
         engine: RuntimeEngine,
         max_slots: int,
         max_new_tokens: int,
-        detokenize: Callable[[np.ndarray], str] | None = None,
     ):
         mesh.check_divides(engine.data_size, max_slots=max_slots)
         self.engine = engine
         self.max_slots = max_slots
         self.max_new_tokens = max_new_tokens
-        self.detokenize = detokenize or (lambda ids: " ".join(map(str, ids)))
         self.prefix_len = engine.config.prefix_len
         self.state: BatchState = engine.init_state(max_slots, max_new_tokens)
         self._slot_request: list[TextRequest | None] = [None] * max_slots
@@ -59,7 +58,7 @@ class KVCacheManager:
         self._free = [collections.deque(range(d * block, (d + 1) * block)) for d in range(self.shards)]
         self._queue: collections.deque[_Pending] = collections.deque()
         self._streamed = np.zeros(max_slots, np.int64)
-        self._status: dict[int, RequestStatus] = {}
+        self._status: dict[int, RequestStatus] = {}  # in-flight requests only
         self.tokens_generated = 0
 
     # --- request table ---
@@ -86,7 +85,13 @@ class KVCacheManager:
     def state_bytes(self) -> int:
         return state_bytes(self.state)
 
+    @property
+    def tracked(self) -> int:
+        """Requests the manager's tables hold (queued or running)."""
+        return len(self._status)
+
     def status(self, request_id: int) -> RequestStatus:
+        """QUEUED or RUNNING while in flight; UNKNOWN once finished (or never seen)."""
         return self._status.get(request_id, RequestStatus.UNKNOWN)
 
     def fit_prefix(self, prefix_len: int) -> None:
@@ -119,10 +124,7 @@ class KVCacheManager:
             raise ValueError(
                 f"max_new_tokens must lie in [1, {self.max_new_tokens}], got {request.max_new_tokens}"
             )
-        if request.request_id in self._status and self._status[request.request_id] in (
-            RequestStatus.QUEUED,
-            RequestStatus.RUNNING,
-        ):
+        if request.request_id in self._status:
             raise ValueError(f"request id {request.request_id} is already in flight")
 
     def admit(self, frame: int) -> None:
@@ -159,78 +161,59 @@ class KVCacheManager:
         if self.active and num_steps > 0:
             self.state = self.engine.decode(self.state, num_steps)
 
-    def harvest(self, frame: int) -> list[TextResult]:
-        """Streams new tokens, finishes done slots (detokenize, callbacks) and evicts them."""
+    def harvest(self, frame: int) -> list[TokenEvent]:
+        """One event per slot with new tokens or done (done slots are evicted)."""
         if not self.active:
             return []
         # One device-to-host transfer per frame for everything harvesting reads.
         done, n_generated, tokens, logprobs = self.engine.to_host(
             (self.state.done, self.state.n_generated, self.state.tokens, self.state.logprobs)
         )
-        finished, free_slots = [], []
+        events, free_slots = [], []
         for slot, request in enumerate(self._slot_request):
             if request is None:
                 continue
-            n = int(n_generated[slot])
-            if request.on_tokens is not None and n > self._streamed[slot]:
-                request.on_tokens(request.request_id, tokens[slot, self._streamed[slot] : n].copy())
-            self.tokens_generated += n - int(self._streamed[slot])
+            n, streamed = int(n_generated[slot]), int(self._streamed[slot])
+            self.tokens_generated += n - streamed
             self._streamed[slot] = n
+            result = None
             if done[slot]:
                 eos = n > 0 and tokens[slot, n - 1] == self.engine.eos_id
-                finished.append(
-                    self._finish(
-                        slot, tokens[slot, :n], logprobs[slot, :n], "eos" if eos else "length", frame
-                    )
+                result = self._finish(
+                    slot, tokens[slot, :n], logprobs[slot, :n], "eos" if eos else "length", frame
                 )
                 free_slots.append(slot)
+            if n > streamed or result is not None:
+                events.append(TokenEvent(request, tokens[slot, streamed:n].copy(), result))
         self._evict(free_slots)
-        return finished
+        return events
 
-    def cancel(self, request_id: int, frame: int = -1) -> bool:
-        """Stops a queued or running request; its slot is freed at once. False if not in flight."""
+    def cancel(self, request_id: int, frame: int = -1) -> TokenEvent | None:
+        """Stops a queued or running request (its slot is freed at once): its final event, with the tokens
+        not yet harvested. None if not in flight."""
         for i, pending in enumerate(self._queue):
             if pending.request.request_id == request_id:
                 del self._queue[i]
-                self._status[request_id] = RequestStatus.CANCELLED
-                self._notify(
-                    pending.request, np.zeros(0, np.int32), np.zeros(0, np.float32), "cancelled", frame
-                )
-                return True
+                del self._status[request_id]
+                empty = np.zeros(0, np.int32)
+                result = _result(pending.request, empty, np.zeros(0, np.float32), "cancelled", frame)
+                return TokenEvent(pending.request, empty, result)
         for slot, request in enumerate(self._slot_request):
             if request is not None and request.request_id == request_id:
                 n_generated, tokens, logprobs = self.engine.to_host(
                     (self.state.n_generated, self.state.tokens, self.state.logprobs)
                 )
-                n = int(n_generated[slot])
-                tokens, logprobs = tokens[slot, :n], logprobs[slot, :n]
-                self._finish(slot, tokens, logprobs, "cancelled", frame)
+                n, streamed = int(n_generated[slot]), int(self._streamed[slot])
+                result = self._finish(slot, tokens[slot, :n], logprobs[slot, :n], "cancelled", frame)
                 self._evict([slot])
-                return True
-        return False
+                return TokenEvent(request, result.tokens[streamed:].copy(), result)
+        return None
 
     def _finish(self, slot: int, tokens, logprobs, reason: str, frame: int) -> TextResult:
         request = self._slot_request[slot]
         self._slot_request[slot] = None
-        self._status[request.request_id] = (
-            RequestStatus.CANCELLED if reason == "cancelled" else RequestStatus.DONE
-        )
-        return self._notify(request, tokens, logprobs, reason, frame)
-
-    def _notify(self, request: TextRequest, tokens, logprobs, reason: str, frame: int) -> TextResult:
-        result = TextResult(
-            request_id=request.request_id,
-            tokens=np.asarray(tokens, np.int32).copy(),
-            logprobs=np.asarray(logprobs, np.float32).copy(),
-            text=self.detokenize(np.asarray(tokens)),
-            finish_reason=reason,
-            arrival_frame=request.arrival_frame,
-            admitted_frame=request.admitted_frame,
-            finished_frame=frame,
-        )
-        if request.on_done is not None:
-            request.on_done(result)
-        return result
+        del self._status[request.request_id]
+        return _result(request, tokens, logprobs, reason, frame)
 
     def _evict(self, slots: list[int]) -> None:
         if not slots:
@@ -241,3 +224,16 @@ class KVCacheManager:
         block = self.max_slots // self.shards
         for slot in slots:
             self._free[slot // block].append(slot)
+
+
+def _result(request: TextRequest, tokens, logprobs, reason: str, frame: int) -> TextResult:
+    return TextResult(
+        request_id=request.request_id,
+        tokens=np.asarray(tokens, np.int32).copy(),
+        logprobs=np.asarray(logprobs, np.float32).copy(),
+        text="",
+        finish_reason=reason,
+        arrival_frame=request.arrival_frame,
+        admitted_frame=request.admitted_frame,
+        finished_frame=frame,
+    )

@@ -12,9 +12,7 @@ from oxygen_jax.engine.api import SamplingParams
 class RequestStatus(enum.Enum):
     QUEUED = "queued"  # waiting for a free slot (its prefix cache row is kept, never re-prefilled)
     RUNNING = "running"  # decoding in a slot of the batch state
-    DONE = "done"
-    CANCELLED = "cancelled"
-    UNKNOWN = "unknown"
+    UNKNOWN = "unknown"  # finished (its result went to its callbacks) or never submitted
 
 
 @dataclasses.dataclass
@@ -22,7 +20,7 @@ class TextResult:
     request_id: int
     tokens: np.ndarray  # [n] int32, EOS included when it was emitted
     logprobs: np.ndarray  # [n] float32, temperature-1 log-probabilities of the tokens
-    text: str
+    text: str  # filled by the runtime's output stage (the device side leaves it empty)
     finish_reason: str  # "eos", "length" or "cancelled"
     arrival_frame: int
     admitted_frame: int | None
@@ -37,9 +35,11 @@ class TextResult:
 
 @dataclasses.dataclass
 class TextRequest:
-    """One language request on one observation. Callbacks run on the scheduler's thread.
+    """One language request on one observation. Callbacks run on the runtime's output thread (or, for a
+    runtime driven by a frame clock, on the caller's thread after each frame), never on the device's.
 
-    on_tokens(request_id, new_token_ids) streams tokens as frames produce them; on_done(result) fires once.
+    on_tokens(request_id, new_token_ids, text_so_far) streams tokens as frames produce them;
+    on_done(result) fires once.
     """
 
     request_id: int
@@ -47,7 +47,7 @@ class TextRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    on_tokens: Callable[[int, np.ndarray], None] | None = None
+    on_tokens: Callable[[int, np.ndarray, str], None] | None = None
     on_done: Callable[[TextResult], None] | None = None
     arrival_frame: int = -1
     admitted_frame: int | None = None
@@ -55,3 +55,13 @@ class TextRequest:
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenEvent:
+    """What the device produced for one request since its last event: new token ids and, once it
+    finished, its result (text not yet detokenized). The device side hands these on and does no more."""
+
+    request: TextRequest
+    tokens: np.ndarray
+    result: TextResult | None = None

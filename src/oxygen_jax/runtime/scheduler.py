@@ -2,8 +2,9 @@
 
 Per frame: prefill the frame's observations once (rows padded to a bucketed batch size) -> denoise ->
 emit the action chunks -> queue the frame's language requests on the same prefix cache -> admit them into
-free slots -> decode(k) for every active slot -> harvest finished requests (detokenize, callbacks) ->
-evict. k comes from a FixedK or DeadlineK policy.
+free slots -> decode(k) for every active slot -> harvest new tokens and finished requests as raw
+`TokenEvent`s (the runtime's output stage detokenizes them and runs callbacks) -> evict. k comes from a
+FixedK or DeadlineK policy.
 
 The two halves of a frame, `act` (the hard-deadline path) and `advance` (a decode chunk and its
 harvest), are also what the device loop (`runtime/device_loop.py`) schedules on its own clock.
@@ -24,7 +25,7 @@ from oxygen_jax.engine.api import RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager, bucket
-from oxygen_jax.runtime.requests import TextRequest, TextResult
+from oxygen_jax.runtime.requests import TextRequest, TextResult, TokenEvent
 
 
 @dataclasses.dataclass
@@ -44,21 +45,26 @@ class DecodeChunk:
     k: int  # decode steps run (0: nothing was active)
     decode_batch: int  # active slots during decode
     new_tokens: int
-    finished: list[TextResult]
+    events: list[TokenEvent]  # new tokens and finished requests, for the output stage
     decode_s: float
+
+    @property
+    def finished(self) -> list[TextResult]:
+        return [event.result for event in self.events if event.result is not None]
 
 
 @dataclasses.dataclass
 class FrameResult:
     frame: int
     actions: list[np.ndarray]  # one [H, action_dim] chunk per input, in input order
-    finished: list[TextResult]
+    finished: list[TextResult]  # their text filled once the runtime's output stage saw them
     k: int
     decode_batch: int  # active slots during decode
     new_tokens: int  # language tokens produced this frame
     action_s: float  # prefill + denoise, until the actions are on the host
     decode_s: float
     total_s: float
+    events: list[TokenEvent] = dataclasses.field(default_factory=list)
 
 
 class FrameScheduler:
@@ -107,13 +113,34 @@ class FrameScheduler:
             action_s=action_s,
             decode_s=chunk.decode_s,
             total_s=total_s,
+            events=chunk.events,
         )
         self.frame += 1
         return result
 
+    def act_only(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+        """A frame of actions alone (the device loop's async mode, where language runs in its own
+        chunks): `act`, and the frame counter moves on."""
+        actions = self.act(frame_inputs)
+        self.frame += 1
+        return actions
+
+    def decode_chunk(self, k: int | None = None) -> tuple[DecodeChunk, float]:
+        """A frame of language alone: admit what is queued, decode `k` steps (None: the k policy's choice)
+        and harvest; the k policy learns what the chunk cost. Returns the chunk and its seconds (decode and
+        harvest)."""
+        self.manager.admit(self.frame)
+        k = self.k_policy.choose() if k is None else k
+        start = time.perf_counter()
+        chunk = self.advance(k)
+        chunk_s = time.perf_counter() - start
+        self.k_policy.observe_decode(chunk.k, chunk_s)
+        self.frame += 1
+        return chunk, chunk_s
+
     def advance(self, k: int) -> DecodeChunk:
-        """decode(k) for every active slot (admitted requests only), then harvest: stream new tokens,
-        finish and evict done requests."""
+        """decode(k) for every active slot (admitted requests only), then harvest: new tokens and done
+        requests as events (done ones evicted)."""
         decode_batch = self.manager.active
         tokens_before = self.manager.tokens_generated
         start = time.perf_counter()
@@ -121,13 +148,13 @@ class FrameScheduler:
             self.manager.decode(k)
             jax.block_until_ready(self.manager.state.done)
         decode_s = time.perf_counter() - start
-        finished = self.manager.harvest(self.frame)
+        events = self.manager.harvest(self.frame)
         new_tokens = self.manager.tokens_generated - tokens_before
         return DecodeChunk(
             k=k if decode_batch else 0,
             decode_batch=decode_batch,
             new_tokens=new_tokens,
-            finished=finished,
+            events=events,
             decode_s=decode_s,
         )
 

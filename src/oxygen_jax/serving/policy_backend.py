@@ -3,7 +3,7 @@
 Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
 deterministic), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name in replies and
 the text stream); they are taken out before the robot transforms see the observation. Bad requests raise
-ValueError, which the server answers as "Bad request: ...".
+`InvalidRequest`, which the server answers as "Bad request: ..."; anything else is a server fault.
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.policies.policy import Policy
+from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.policies.policy import Policy, RequestOptions
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
 MAX_ROBOT_ID = 64
@@ -31,13 +32,13 @@ REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id
 
 
 def _option(value: Any, kind: type, name: str) -> Any:
-    """A msgpack number as `kind` (an int option takes integers only), or a ValueError naming the field."""
+    """A msgpack number as `kind` (an int option takes integers only), or `InvalidRequest` naming it."""
     numbers = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
     if value is None:
         return None
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers):
         expected = "an integer" if kind is int else "a number"
-        raise ValueError(f"{name!r}: expected {expected}, got {type(value).__name__}")
+        raise InvalidRequest(f"{name!r}: expected {expected}, got {type(value).__name__}")
     return kind(value)
 
 
@@ -56,7 +57,7 @@ def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
 
 def _robot_id(value: Any) -> str | None:
     if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID):
-        raise ValueError(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
+        raise InvalidRequest(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
     return value
 
 
@@ -88,8 +89,8 @@ class PolicyServerBackend:
 class SessionServerBackend:
     """An `AsyncPolicyBackend` that serves every connection as one robot of a `MultiRobotSession`.
 
-    Requests are checked and transformed on a worker thread, then queued on the session's device loop;
-    each reply is sent as soon as its actions are on the host. A client that disconnects has its waiting
+    Requests are prepared on a worker thread, then queued on the session's runtime; each reply is
+    finished and sent as soon as its actions are on the host. A client that disconnects has its waiting
     observations dropped and its language request cancelled, which frees its slot. `subscribe_text`
     feeds the server's `/text` stream.
     """
@@ -116,17 +117,17 @@ class SessionServerBackend:
         def answer(result: dict | Exception) -> None:
             loop.call_soon_threadsafe(_settle, reply, result)
 
-        request = RobotRequest(client, obs, robot_id=robot_id, text_tasks=text_tasks, **options)
+        request = RobotRequest(client, obs, RequestOptions(text_tasks=text_tasks, **options), robot_id)
         await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
         return await reply
 
     def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]:
-        """Calls `listener` (on the device thread) with one message per text event; returns the
+        """Calls `listener` (on the runtime's output thread) with one message per text event; returns the
         unsubscribe."""
         return self._session.subscribe(lambda event: listener(text_message(event)))
 
     def close(self) -> None:
-        """Answers what the device loop holds, then stops it."""
+        """Answers what the runtime holds, then stops it."""
         self._prepare.shutdown()
         self._session.stop()
 

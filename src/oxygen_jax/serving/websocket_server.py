@@ -13,10 +13,10 @@ reports, as it happens, and sends nothing. Without such a backend ``/text`` answ
 
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
-map or nested too deep, or a backend raising ``ValueError``/``KeyError``) gets one line,
-``"Bad request: ... (error id ...)"``; any other failure gets ``"Internal server error: <type> (error id
-...)"``. The traceback goes to the server log under the same id (``ServerLimits.debug_errors`` also sends
-it). Either way the connection keeps serving.
+map or nested too deep, or a backend raising `InvalidRequest`) gets one line, ``"Bad request: ... (error
+id ...)"``, logged at INFO. Anything else the backend raises is a server fault: ``"Internal server error:
+<type> (error id ...)"``, its traceback logged at ERROR under the same id (``ServerLimits.debug_errors``
+also sends it). Either way the connection keeps serving.
 
 Resources are bounded by `ServerLimits`: the message size (a bigger message closes the connection with
 1009 and a one-line reason), the number of open connections (more get HTTP 503 at the handshake), and an
@@ -48,6 +48,7 @@ from websockets.asyncio.server import serve as _ws_serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import msgpack_numpy
 
 logger = logging.getLogger(__name__)
@@ -378,10 +379,8 @@ class _ConnectionHandler:
         start = time.monotonic()
         try:
             result = await self._infer(obs)
-        except (ValueError, KeyError) as error:
-            logger.debug("refused", exc_info=error)
-            message = " ".join(str(error).split())
-            raise BadRequestError(f"{type(error).__name__}: {message}") from error
+        except InvalidRequest as error:
+            raise BadRequestError(" ".join(str(error).split())) from error
         infer_ms = (time.monotonic() - start) * 1000
         if not isinstance(result, dict):
             raise TypeError(f"backend returned {type(result).__name__}, expected dict")
