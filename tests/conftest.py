@@ -73,6 +73,14 @@ def model_io():
     return np.load(GOLDEN / "model_io.npz")
 
 
+@pytest.fixture(scope="module")
+def obs_file(tmp_path_factory, model_io):
+    """The golden model inputs as an `infer.py --obs` file."""
+    path = tmp_path_factory.mktemp("obs") / "obs.npz"
+    np.savez(path, **golden_inputs(model_io))
+    return path
+
+
 @pytest.fixture(scope="session")
 def golden_obs(model_io, tiny_config):
     return inputs.observation_from_arrays(golden_inputs(model_io), tiny_config)
@@ -212,3 +220,44 @@ def project_copy(folder: pathlib.Path) -> pathlib.Path:
     for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, folder / name)
     return folder
+
+
+def infer_script(*args: str) -> subprocess.CompletedProcess:
+    """`scripts/infer.py` on the golden tiny checkpoint with its params as stored (float32, as upstream
+    made the golden outputs)."""
+    cmd = [
+        sys.executable,
+        str(SCRIPTS / "infer.py"),
+        "--config=pi05_tiny",
+        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
+        "--params_dtype=stored",
+        *args,
+    ]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+
+
+class FakeClock:
+    """A control loop's clock that moves only when the loop sleeps: deterministic, no real waiting."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+
+
+class FakePending:
+    """A reply that arrives at `ready_at` on a `FakeClock`; reading it earlier is the executor's bug."""
+
+    def __init__(self, clock: FakeClock, ready_at: float, reply: dict):
+        self.clock, self.ready_at, self.reply = clock, ready_at, reply
+
+    def done(self) -> bool:
+        return self.clock.now() >= self.ready_at - 1e-9
+
+    def result(self) -> dict:
+        assert self.done(), "the executor must not wait for a reply"
+        return self.reply

@@ -1,12 +1,10 @@
 """scripts/infer.py end to end on the golden checkpoint: actions, text and scores as upstream made them."""
 
 import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, golden_inputs
+from conftest import GOLDEN, golden_inputs, infer_script
 
 from oxygen_jax.models import inputs
 
@@ -15,31 +13,11 @@ pytestmark = pytest.mark.integration
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _infer(*args: str) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        str(ROOT / "scripts" / "infer.py"),
-        "--config=pi05_tiny",
-        f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
-        # Upstream made the golden outputs from the params as stored (float32).
-        "--params_dtype=stored",
-        *args,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-
-
-@pytest.fixture(scope="module")
-def obs_file(tmp_path_factory, model_io):
-    path = tmp_path_factory.mktemp("obs") / "obs.npz"
-    np.savez(path, **golden_inputs(model_io))
-    return path
-
-
 def test_actions_text_and_scores_match_upstream(tmp_path, obs_file, model_io):
     text_ref = np.load(GOLDEN / "text_io_openpi.npz")
     np.save(tmp_path / "tf.npy", text_ref["in/tf_tokens"])
     out_path = tmp_path / "out.npz"
-    run = _infer(
+    run = infer_script(
         f"--obs={obs_file}",
         f"--out={out_path}",
         "--max_text_tokens=24",
@@ -60,7 +38,7 @@ def test_actions_text_and_scores_match_upstream(tmp_path, obs_file, model_io):
 def test_config_override_serves_a_longer_horizon(tmp_path, model_io):
     arrays = {k: v for k, v in golden_inputs(model_io).items() if k != "noise"}
     np.savez(tmp_path / "obs.npz", **arrays)
-    run = _infer(
+    run = infer_script(
         "--config.model.action_horizon=16", f"--obs={tmp_path / 'obs.npz'}", f"--out={tmp_path / 'o.npz'}"
     )
     assert run.returncode == 0, run.stderr
@@ -71,7 +49,7 @@ def test_bad_input_names_the_key(tmp_path, model_io):
     arrays = golden_inputs(model_io)
     arrays["image/base_0_rgb"] = arrays["image/base_0_rgb"][:, :100]
     np.savez(tmp_path / "bad.npz", **arrays)
-    run = _infer(f"--obs={tmp_path / 'bad.npz'}")
+    run = infer_script(f"--obs={tmp_path / 'bad.npz'}")
     assert run.returncode == 2
     assert "'image/base_0_rgb': expected shape [2, 224, 224, 3]" in run.stderr
 
@@ -115,7 +93,7 @@ def test_text_tasks_decode_from_the_extended_prefix(
 
     tasks = {"narrate": "describe what you are doing", "memory": "where is the cup"}
     out_path = tmp_path / "out.npz"
-    run = _infer(
+    run = infer_script(
         f"--obs={obs_file}",
         f"--out={out_path}",
         "--max_text_tokens=6",
@@ -134,5 +112,5 @@ def test_text_tasks_decode_from_the_extended_prefix(
         )
         np.testing.assert_array_equal(out[f"text_task_tokens/{name}"], want.tokens)
         assert out[f"text_task/{name}"].shape == (2,)
-    bad = _infer(f"--obs={obs_file}", "--max_text_tokens=6", "--text_task=nameonly")
+    bad = infer_script(f"--obs={obs_file}", "--max_text_tokens=6", "--text_task=nameonly")
     assert bad.returncode != 0 and "expected name:instruction" in bad.stderr

@@ -3,8 +3,12 @@ before measuring, every call timed, the ratios computed from the medians, the FL
 
 import statistics
 
+import pytest
+
 from oxygen_jax.benchmarks import rtc_cost
 from oxygen_jax.engine.engine import Engine
+
+pytestmark = pytest.mark.integration  # runs scripts / full measurements: the second tier
 
 
 def test_cost_of_guidance_is_measured_without_compiling(golden_params, tiny_config):

@@ -10,34 +10,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import FakeClock, FakePending
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 
 H = 10
 HZ = 10.0  # one tick every 0.1 s
-
-
-class FakeClock:
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep_until(self, deadline: float) -> None:
-        self.t = max(self.t, deadline)
-
-
-class FakePending:
-    def __init__(self, clock: FakeClock, ready_at: float, reply: dict):
-        self.clock, self.ready_at, self.reply = clock, ready_at, reply
-
-    def done(self) -> bool:
-        return self.clock.now() >= self.ready_at - 1e-9
-
-    def result(self) -> dict:
-        assert self.done(), "the executor must not wait for a reply"
-        return self.reply
 
 
 class FakeServer:

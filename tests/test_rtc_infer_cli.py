@@ -4,20 +4,14 @@ import re
 
 import numpy as np
 import pytest
-from conftest import GOLDEN, golden_inputs
-from test_infer_cli import _infer
+from conftest import GOLDEN, infer_script
+
+pytestmark = pytest.mark.integration  # runs scripts / full measurements: the second tier
 
 
 @pytest.fixture(scope="module")
 def rtc_io():
     return np.load(GOLDEN / "rtc_io.npz")
-
-
-@pytest.fixture(scope="module")
-def obs_file(tmp_path_factory, model_io):
-    path = tmp_path_factory.mktemp("obs") / "obs.npz"
-    np.savez(path, **golden_inputs(model_io))
-    return path
 
 
 def _rtc_file(path, rtc_io, case: str, **override) -> str:
@@ -38,7 +32,7 @@ def test_rtc_file_gives_the_reference_guided_actions(tmp_path, obs_file, rtc_io,
     """Case B (default exp schedule and beta 5; row 0 unguided) and case C (linear, beta 1)."""
     out_path = tmp_path / "out.npz"
     rtc = _rtc_file(tmp_path / "rtc.npz", rtc_io, case)
-    run = _infer(f"--obs={obs_file}", f"--rtc={rtc}", f"--out={out_path}", *flags)
+    run = infer_script(f"--obs={obs_file}", f"--rtc={rtc}", f"--out={out_path}", *flags)
     assert run.returncode == 0, run.stderr
     assert "(guided)" in run.stdout
     np.testing.assert_allclose(
@@ -59,7 +53,7 @@ def test_rtc_file_gives_the_reference_guided_actions(tmp_path, obs_file, rtc_io,
 )
 def test_bad_rtc_file_is_a_one_line_error(tmp_path, obs_file, rtc_io, override, message):
     rtc = _rtc_file(tmp_path / "rtc.npz", rtc_io, "A", **override)
-    run = _infer(f"--obs={obs_file}", f"--rtc={rtc}")
+    run = infer_script(f"--obs={obs_file}", f"--rtc={rtc}")
     assert run.returncode == 2
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and re.search(message, last), run.stderr

@@ -5,12 +5,12 @@ import time
 
 import numpy as np
 import pytest
-from test_policy import E2E, make_policy, raw_observation
-from test_rtc_client import FakeClock, FakePending
+from conftest import E2E, FakeClock, FakePending, make_policy, raw_observation
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.models import inputs
+from oxygen_jax.policies.policy import RequestOptions
 from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align
 
 NOISE = E2E["in/noise"]
@@ -56,10 +56,8 @@ def test_rtc_request_is_guided_towards_the_aligned_last_chunk(policy):
     request = {"executed": 3, "delay": 2, "horizon": 6, protocol.CHUNK_ID: 0}
     reply = rtc_policy.infer({**obs, protocol.RTC: request}, noise=NOISE)
     want = _model_actions(policy, obs, ChunkGuidance(align(first, 3), 2, 6))
-    state = policy.model_inputs(obs)["state"]
-    np.testing.assert_allclose(
-        reply["actions"], policy.robot_outputs(state, want)["actions"], rtol=0, atol=1e-6
-    )
+    robot_actions = policy.finish(policy.prepare(obs, RequestOptions(noise=NOISE)), want)["actions"]
+    np.testing.assert_allclose(reply["actions"], robot_actions, rtol=0, atol=1e-6)
     assert (reply[protocol.CHUNK_ID], reply[protocol.START], reply[protocol.STALE]) == (1, 2, False)
     # The two frozen actions follow what the robot executes from the first chunk (indices 3 and 4).
     plain = _model_actions(policy, obs, None)

@@ -23,6 +23,7 @@ import numpy as np
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh
+from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
@@ -120,7 +121,8 @@ class RequestOptions:
     noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic;
     prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
     temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
-    language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix.
+    language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix;
+    guidance: real-time chunking towards the robot's previous chunk (model space, see `policies.rtc`).
     """
 
     noise: np.ndarray | None = None
@@ -129,6 +131,7 @@ class RequestOptions:
     temperature: float | None = None
     top_p: float | None = None
     text_tasks: Any = None
+    guidance: ChunkGuidance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,7 +153,8 @@ class PreparedRequest:
 
     arrays: the canonical model inputs with batch dim 1; noise: [1, H, action_dim] float32, or None to
     draw it where the actions are computed (from `noise_seed`); texts: the language requests it starts
-    (none: actions only); state: the normalized state the output transforms read back in `finish`.
+    (none: actions only); state: the normalized state the output transforms read back in `finish`;
+    guidance: the denoiser's real-time-chunking guidance, or None for plain actions.
     """
 
     arrays: dict[str, np.ndarray]
@@ -158,6 +162,7 @@ class PreparedRequest:
     noise_seed: int
     texts: tuple[TextPlan, ...]
     state: np.ndarray
+    guidance: ChunkGuidance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +259,7 @@ class Policy:
                 texts = ()  # no text for this request (max_text_tokens=0 or prompt_for_text=False)
         elif budget:
             texts = (TextPlan(None, (), budget, temperature, top_p, text_seed),)
-        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0])
+        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], options.guidance)
 
     def finish(
         self,
@@ -285,6 +290,14 @@ class Policy:
         One prefill serves the actions and every language request. `policy_timing`: `infer_ms` until the
         actions are ready, `text_ms` until the text is."""
         prepared = self.prepare(obs, RequestOptions(**options))
+        actions, text, timing = self.execute(prepared)
+        return {**self.finish(prepared, actions, text), "policy_timing": timing}
+
+    def execute(
+        self, prepared: PreparedRequest
+    ) -> tuple[np.ndarray, dict[str | None, Speech] | None, dict[str, float]]:
+        """One prepared request on the engine, inline: the model-space actions [H, action_dim], the text of
+        each language request (None without any) and the timing `infer` reports."""
         start = time.monotonic()
         observation = _inputs.observation_from_arrays(prepared.arrays, self.engine.config)
         noise = (
@@ -293,12 +306,13 @@ class Policy:
             else prepared.noise
         )
         cache = self.engine.prefill(observation)
-        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps)[0])
+        guidance = () if prepared.guidance is None else (prepared.guidance,)
+        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps, guidance)[0])
         timing = {"infer_ms": (time.monotonic() - start) * 1000}
         text = self._speak(cache, prepared.texts) if prepared.texts else None
         if text is not None:
             timing["text_ms"] = (time.monotonic() - start) * 1000
-        return {**self.finish(prepared, actions, text), "policy_timing": timing}
+        return actions, text, timing
 
     def _speak(self, cache, texts: Sequence[TextPlan]) -> dict[str | None, Speech]:
         """Every language request of one observation decoded to completion on its prefix cache: the prompt's

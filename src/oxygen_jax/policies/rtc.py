@@ -8,7 +8,6 @@ request of this robot arrived while it was computed). Bad `rtc` values are refus
 and leave the robot's state as it was.
 """
 
-import copy
 import dataclasses
 import itertools
 import math
@@ -21,7 +20,7 @@ import numpy as np
 from oxygen_jax.client import protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError
-from oxygen_jax.policies.policy import Policy
+from oxygen_jax.policies.policy import Policy, RequestOptions
 
 
 class RtcError(InvalidArgumentError):
@@ -81,38 +80,11 @@ def align(chunk: np.ndarray, executed: int) -> np.ndarray:
     return chunk[index]
 
 
-class _GuidingEngine:
-    """The policy's engine with this call's guidance put into `denoise`, keeping the model-space actions."""
-
-    def __init__(self, engine):
-        self._engine = engine
-        self.guidance: ChunkGuidance | None = None
-        self.actions: np.ndarray | None = None
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    def denoise(self, cache, noise, num_steps: int = 10, guidance=()):
-        actions = self._engine.denoise(
-            cache, noise, num_steps, [self.guidance] if self.guidance else guidance
-        )
-        self.actions = np.asarray(actions[0])
-        return actions
-
-    def act_and_speak(self, obs, noise, num_steps: int, max_new_tokens: int, **text_kwargs):
-        cache = self._engine.prefill(obs)
-        return self.denoise(cache, noise, num_steps), self._engine.generate(
-            cache, max_new_tokens, **text_kwargs
-        )
-
-
 class RtcPolicy:
     """One robot's policy with real-time chunking. Thread-safe: one call computes at a time."""
 
     def __init__(self, policy: Policy, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
-        self._engine = _GuidingEngine(policy.engine)
-        self._policy = copy.copy(policy)
-        self._policy.engine = self._engine
+        self._policy = policy
         self.schedule = schedule
         self.max_guidance_weight = max_guidance_weight
         self._lock = threading.Lock()
@@ -135,16 +107,13 @@ class RtcPolicy:
         obs = {k: v for k, v in obs.items() if k != protocol.RTC}
         with self._lock:
             guidance, start = self._guidance(rtc)
-            self._engine.guidance = guidance
-            try:
-                reply = self._policy.infer(obs, **kwargs)
-            finally:
-                self._engine.guidance = None
-            self._chunk = self._engine.actions
+            prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance))
+            self._chunk, text, timing = self._policy.execute(prepared)
             self._chunk_id = 0 if self._chunk_id is None else self._chunk_id + 1
-            self._latency_s = reply["policy_timing"]["infer_ms"] / 1000
+            self._latency_s = timing["infer_ms"] / 1000
             return {
-                **reply,
+                **self._policy.finish(prepared, self._chunk, text),
+                "policy_timing": timing,
                 protocol.CHUNK_ID: self._chunk_id,
                 protocol.START: start,
                 protocol.STALE: arrival < self._latest,
