@@ -4,7 +4,8 @@
 # peaks) and the action_only, isolated and oxygen runs (action Hz, tokens/s, the batch state's memory),
 # then, if time is left, the serving benchmark at R=1 and R=4, then, if time is still left, real-time
 # chunking's guided denoise against the plain one at batch 1 and 4. It stops itself within GPU_BUDGET_S
-# and leaves at most 8 files, flat, in OUT: summary.json, results.md, plots and log_tail.txt.
+# (+ 15 s for a stage stopped at its cap to exit) and leaves at most 8 files, flat, in OUT: summary.json,
+# results.md, plots and log_tail.txt.
 #
 #   bash scripts/gpu_benchmark.sh OUT          # on the GPU machine (OUT: the folder that comes back)
 #   bash scripts/gpu_benchmark.sh --dry-run    # here, in seconds: the image plus .whl/ cover every import
@@ -130,6 +131,8 @@ if (($(left) >= MIN_RTC)); then
 else
   skip rtc "$(left) s left, $MIN_RTC s needed"
 fi
-stage summary "$((BUDGET - SECONDS > 15 ? BUDGET - SECONDS : 15))" "$PY" scripts/benchmark.py --gpu_summary="$OUT" --out="$WORK" --wheels_dir="$WHEELS"
+SUMMARY_CAP=$((BUDGET - SECONDS > 15 ? BUDGET - SECONDS : 15))
+stage summary "$SUMMARY_CAP" "$PY" scripts/benchmark.py --gpu_summary="$OUT" --out="$WORK" \
+  --wheels_dir="$WHEELS"
 log "results in $OUT after $SECONDS s"
 exit "$STATUS"
