@@ -2,8 +2,10 @@
 # The GPU benchmark as one command on the lent GPU machine, with its image as it is: full-size pi05, random
 # init, bf16, LIBERO layout, N=30. First the roofline (prefill, denoise and decode against the machine's
 # peaks) and the action_only, isolated and oxygen runs (action Hz, tokens/s, the batch state's memory),
-# then, if time is left, the serving benchmark at R=1 and R=4. It stops itself within GPU_BUDGET_S and
-# leaves at most 8 files, flat, in OUT: summary.json, results.md, plots and log_tail.txt.
+# then, if time is left, the serving benchmark at R=1 and R=4, then, if time is still left, real-time
+# chunking's guided denoise against the plain one at batch 1 and 4. It stops itself within GPU_BUDGET_S
+# (+ 15 s for a stage stopped at its cap to exit) and leaves at most 8 files, flat, in OUT: summary.json,
+# results.md, plots and log_tail.txt.
 #
 #   bash scripts/gpu_benchmark.sh OUT          # on the GPU machine (OUT: the folder that comes back)
 #   bash scripts/gpu_benchmark.sh --dry-run    # here, in seconds: the image plus .whl/ cover every import
@@ -72,8 +74,11 @@ else
 fi
 BUDGET=${GPU_BUDGET_S:-420}
 MODES=${GPU_MODES:-action_only,isolated,oxygen}
-RESERVE=45      # s left after the stages for the summary (and a stage's 15 s to stop after its cap)
+RESERVE=45      # s left after the stages: a stage stopped at its cap exits within 15 s, the summary gets
+                # the rest of the budget (at least 15 s), so the run ends within GPU_BUDGET_S + 15 s
 MIN_SERVING=90  # s the serving stage needs: init, compilation, 2 settings x 3 modes x SERVING_SECONDS
+MIN_RTC=60      # s the guided-denoise stage needs: init, then per batch (1, 4) a prefill, the plain and
+                # guided denoise and one step of each compiled (XLA's FLOP count), 20 rounds of both
 
 log() { echo "$*" | tee -a "$LOG"; }
 left() { echo $((BUDGET - RESERVE - SECONDS)); }
@@ -121,6 +126,13 @@ if (($(left) >= MIN_SERVING)); then
 else
   skip serving "$(left) s left, $MIN_SERVING s needed"
 fi
-stage summary 90 "$PY" scripts/benchmark.py --gpu_summary="$OUT" --out="$WORK" --wheels_dir="$WHEELS"
+if (($(left) >= MIN_RTC)); then
+  stage rtc "$(left)" "${BENCH[@]}" --rtc --out="$WORK/rtc"
+else
+  skip rtc "$(left) s left, $MIN_RTC s needed"
+fi
+SUMMARY_CAP=$((BUDGET - SECONDS > 15 ? BUDGET - SECONDS : 15))
+stage summary "$SUMMARY_CAP" "$PY" scripts/benchmark.py --gpu_summary="$OUT" --out="$WORK" \
+  --wheels_dir="$WHEELS"
 log "results in $OUT after $SECONDS s"
 exit "$STATUS"

@@ -29,10 +29,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_benchmark.sh"
 
 
-def _run(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(
+    *args: str, env: dict[str, str], timeout: float = 120, script: pathlib.Path = SCRIPT
+) -> subprocess.CompletedProcess:
     environ = {**os.environ, "PYTHON": sys.executable, **env}
     return subprocess.run(
-        ["bash", str(SCRIPT), *args],
+        ["bash", str(script), *args],
         env=environ,
         capture_output=True,
         text=True,
@@ -90,6 +92,42 @@ def test_dry_run_is_ready_with_a_wheel_of_each_missing_distribution(tmp_path):
 def test_imports_map_to_the_distributions_that_installed_them():
     modules = {"yaml": yaml, "json": json, "oxygen_jax": oxygen_jax}
     assert gpu_image.imported_distributions(modules, ROOT) == ({"pyyaml": {"yaml"}}, set())
+
+
+def test_a_distribution_installed_inside_the_checkout_still_counts():
+    """CI's virtual env lives in the checkout (.venv): a checkout root above both site-packages and src/
+    must skip only the checkout's own modules, not what a distribution installed there."""
+    checkout = pathlib.Path(os.path.commonpath([yaml.__file__, oxygen_jax.__file__]))
+    modules = {"yaml": yaml, "json": json, "oxygen_jax": oxygen_jax}
+    assert gpu_image.imported_distributions(modules, checkout) == ({"pyyaml": {"yaml"}}, set())
+
+
+@pytest.fixture
+def ci_checkout(tmp_path):
+    """What the dry run needs of the checkout, copied, with this interpreter's virtual env at .venv inside
+    it as .ci/run makes it (a link: the env's paths are then under the copy)."""
+    if sys.prefix == sys.base_prefix:
+        pytest.skip("the tests' interpreter is not in a virtual env")
+    checkout = tmp_path / "checkout"
+    skip = shutil.ignore_patterns("__pycache__", "*.egg-info")
+    for folder in ("scripts", "src"):
+        shutil.copytree(ROOT / folder, checkout / folder, ignore=skip)
+    for name in ("pyproject.toml", ".gitignore"):
+        shutil.copy(ROOT / name, checkout / name)
+    subprocess.run(["git", "init", "-q"], cwd=checkout, check=True)
+    (checkout / ".venv").symlink_to(sys.prefix, target_is_directory=True)
+    return checkout
+
+
+def test_dry_run_with_the_virtual_env_inside_the_checkout_sees_every_import(ci_checkout, tmp_path):
+    python = ci_checkout / ".venv" / "bin" / "python"
+    env = {"PYTHON": str(python), "WHEELS_DIR": str(tmp_path / "none")}
+    run = _run("--dry-run", env=env, script=ci_checkout / "scripts" / "gpu_benchmark.sh")
+    lines = run.stdout.splitlines()
+    assert run.returncode == 1 and lines[-1] == "not ready", run.stdout + run.stderr
+    assert f"{python}: jax" in run.stderr  # the env inside the checkout ran the check
+    missing = {line.split()[1] for line in lines if line.startswith("missing:")}
+    assert missing == {canonicalize_name(name) for name in _gpu_wheels_names()}
 
 
 def test_only_wheels_for_the_images_python_and_platform_install_there(tmp_path):
@@ -173,13 +211,14 @@ def test_no_time_left_skips_the_stages_and_still_reports(tmp_path):
     assert [(s["stage"], s["status"]) for s in summary["stages"]] == [
         ("ablation", "skipped"),
         ("serving", "skipped"),
+        ("rtc", "skipped"),
     ]
     assert "roofline" not in summary and "no results" in (out / "results.md").read_text()
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """The GPU path on CPU (~140 s on 2 cores), with one carried wheel to install from no index."""
+    """The GPU path on CPU (~150 s on 2 cores), with one carried wheel to install from no index."""
     tmp = tmp_path_factory.mktemp("gpu_smoke")
     _wheel(tmp / "wheels", "oxygen_probe", "1.0", {"oxygen_probe/__init__.py": ""})
     env = {"WHEELS_DIR": str(tmp / "wheels"), "GPU_WORK": str(tmp / "work")}
@@ -207,6 +246,7 @@ def test_smoke_summary_holds_what_the_gpu_run_measures(smoke):
         ("wheels", "0"),
         ("ablation", "0"),
         ("serving", "0"),
+        ("rtc", "0"),
     ]
     assert summary["config"] == "pi05_tiny" and summary["device_kind"] == "cpu" and "reference" not in summary
     head = summary["headline"]
@@ -222,17 +262,28 @@ def test_smoke_summary_holds_what_the_gpu_run_measures(smoke):
     assert set(settings) == {"R1_T300", "R4_T0"}
     # Texts finished within 1 s per mode depend on the machine's load; texts started do not.
     assert all(s["modes"]["async"]["own_text_fraction"] > 0 for s in settings.values())
+    # Guided against plain denoise on one engine, each batch compiled before it is timed.
+    rtc = summary["rtc"]
+    assert rtc["config"] == "pi05_tiny" and [b["batch"] for b in rtc["batches"]] == [1, 4]
+    for b in rtc["batches"]:
+        assert b["plain_ms"] > 0 and b["guided_ms"] > 0 and b["compiles_while_measuring"] == 0
+        assert head[f"rtc_added_over_plain_b{b['batch']}"] == b["added_over_plain"]
+        # A guided step adds a backward pass through the action expert: more work, whatever the load.
+        assert b["guided_step_flops"] > b["plain_step_flops"]
+    assert "## Real-time chunking: guided vs plain denoise" in (smoke / "out" / "results.md").read_text()
     # The carried wheel was installed without an index onto the path the benchmark ran with.
     assert summary["environment"]["carried"] == {"oxygen-probe": {"wheel": "1.0", "found": "1.0"}}
 
 
 @pytest.mark.slow
-def test_summary_of_a_run_stopped_before_serving_leaves_serving_out(smoke, tmp_path):
+def test_summary_of_a_run_stopped_before_serving_leaves_serving_and_rtc_out(smoke, tmp_path):
     work = tmp_path / "work"
-    shutil.copytree(smoke / "work", work, ignore=shutil.ignore_patterns("serving", "site", "xla"))
+    shutil.copytree(smoke / "work", work, ignore=shutil.ignore_patterns("serving", "rtc", "site", "xla"))
     cmd = [sys.executable, str(ROOT / "scripts" / "benchmark.py"), f"--gpu_summary={tmp_path / 'out'}"]
     run = subprocess.run([*cmd, f"--out={work}"], capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-4000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert "serving" not in summary and summary["headline"]["oxygen_hz"] > 0
-    assert "## Serving" not in (tmp_path / "out" / "results.md").read_text()
+    assert "serving" not in summary and "rtc" not in summary and summary["headline"]["oxygen_hz"] > 0
+    assert not any(k.startswith("rtc_") for k in summary["headline"])
+    results = (tmp_path / "out" / "results.md").read_text()
+    assert "## Serving" not in results and "## Real-time chunking" not in results

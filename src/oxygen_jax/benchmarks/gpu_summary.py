@@ -3,6 +3,7 @@
 scripts/gpu_benchmark.sh leaves a work folder:
   ablation/       scripts/benchmark.py --out of the ablation modes (roofline.json, runs/*.json)
   serving/        --out of the serving benchmark (serving.json), when time was left for it
+  rtc/            --out of the guided-denoise cost (rtc_cost.json), when time was left for it
   stages.tsv      one line per stage: name, exit status (or `skipped`), seconds
   nvidia-smi.txt  the GPU as the driver sees it
 `write` turns it into summary.json (the headline figures and every record), results.md (the tables) and
@@ -72,6 +73,11 @@ def headline(quick: dict) -> dict[str, float]:
     return out
 
 
+def rtc_headline(rtc: dict) -> dict[str, float]:
+    """What guidance adds to the plain denoise time at each batch (the target: at most 1.5)."""
+    return {f"rtc_added_over_plain_b{b['batch']}": b["added_over_plain"] for b in rtc["batches"]}
+
+
 def read_stages(path: pathlib.Path) -> list[dict]:
     if not path.exists():
         return []
@@ -117,23 +123,29 @@ def build(work: pathlib.Path, wheels: list[Wheel]) -> dict:
         summary |= {"quick": quick, "roofline": roof, "runs": runs}
     if (serving := work / "serving" / "serving.json").exists():
         summary["serving"] = json.loads(serving.read_text())
+    if (rtc := work / "rtc" / "rtc_cost.json").exists():
+        summary["rtc"] = json.loads(rtc.read_text())
+        summary.setdefault("headline", {}).update(rtc_headline(summary["rtc"]))
     return summary
+
+
+def _table(title: str, columns: list[str], rows: list[list[str]]) -> list[str]:
+    """A results.md section: its heading, then `rows` under `columns`."""
+    lines = [f"## {title}", "", f"| {' | '.join(columns)} |", "|" + "---|" * len(columns)]
+    return [*lines, *(f"| {' | '.join(row)} |" for row in rows), ""]
 
 
 def _reference_table(reference: dict) -> list[str]:
     peaks = reference["peaks"]
-    lines = [
-        f"## Against the reference peaks ({peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
-        f"{peaks['bandwidth_bytes_per_s'] / 1e12:.1f} TB/s)",
-        "",
-        "| phase | measured ms | floor ms | bound | x floor |",
-        "|---|---|---|---|---|",
-    ]
-    lines += [
-        f"| {p['phase']} | {p['ms']:.3f} | {p['floor_ms']:.3f} | {p['bound']} | {p['x_floor']:.2f} |"
+    title = (
+        f"Against the reference peaks ({peaks['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s, "
+        f"{peaks['bandwidth_bytes_per_s'] / 1e12:.1f} TB/s)"
+    )
+    rows = [
+        [p["phase"], f"{p['ms']:.3f}", f"{p['floor_ms']:.3f}", p["bound"], f"{p['x_floor']:.2f}"]
         for p in reference["phases"]
     ]
-    return [*lines, ""]
+    return _table(title, ["phase", "measured ms", "floor ms", "bound", "x floor"], rows)
 
 
 def _ms(value: float | None) -> str:
@@ -141,20 +153,43 @@ def _ms(value: float | None) -> str:
 
 
 def _serving_table(serving: dict) -> list[str]:
-    lines = [
-        "## Serving (robots in closed loop)",
-        "",
-        "| setting | mode | observations | action ms p50/p99 | text ms p50/p99 | tokens/s | decode batch |",
-        "|---|---|---|---|---|---|---|",
+    columns = ["setting", "mode", "observations", "action ms p50/p99", "text ms p50/p99", "tokens/s"]
+    rows = [
+        [
+            name,
+            mode,
+            str(r["observations"]),
+            f"{_ms(r['action_latency_ms_p50'])}/{_ms(r['action_latency_ms_p99'])}",
+            f"{_ms(r['text_latency_ms_p50'])}/{_ms(r['text_latency_ms_p99'])}",
+            f"{r['tokens_per_s']:.1f}",
+            _ms(r["mean_decode_batch"]),
+        ]
+        for name, setting in serving["settings"].items()
+        for mode, r in setting["modes"].items()
     ]
-    for name, setting in serving["settings"].items():
-        for mode, r in setting["modes"].items():
-            lines.append(
-                f"| {name} | {mode} | {r['observations']} | {_ms(r['action_latency_ms_p50'])}/"
-                f"{_ms(r['action_latency_ms_p99'])} | {_ms(r['text_latency_ms_p50'])}/"
-                f"{_ms(r['text_latency_ms_p99'])} | {r['tokens_per_s']:.1f} | {_ms(r['mean_decode_batch'])} |"
-            )
-    return [*lines, ""]
+    return _table("Serving (robots in closed loop)", [*columns, "decode batch"], rows)
+
+
+def _rtc_table(rtc: dict) -> list[str]:
+    setting = rtc["setting"]
+    title = (
+        f"Real-time chunking: guided vs plain denoise ({setting['num_steps']} steps, median of "
+        f"{setting['reps']} rounds)"
+    )
+    columns = ["batch", "plain ms", "guided ms", "guided / plain", "added / plain (target <= 1.5)"]
+    rows = [
+        [
+            str(b["batch"]),
+            f"{b['plain_ms']:.2f}",
+            f"{b['guided_ms']:.2f}",
+            f"{b['guided_over_plain']:.2f}",
+            f"{b['added_over_plain']:.2f}",
+            f"{b['guided_over_plain_flops']:.2f}",
+            str(b["compiles_while_measuring"]),
+        ]
+        for b in rtc["batches"]
+    ]
+    return _table(title, [*columns, "FLOPs per step, guided / plain", "compilations while measuring"], rows)
 
 
 def markdown(summary: dict) -> str:
@@ -166,11 +201,13 @@ def markdown(summary: dict) -> str:
         lines += _reference_table(summary["reference"])
     if "serving" in summary:
         lines += _serving_table(summary["serving"])
-    lines += ["## Stages", "", "| stage | status | seconds |", "|---|---|---|"]
-    lines += [f"| {s['stage']} | {s['status']} | {s['seconds']} |" for s in summary["stages"]]
+    if "rtc" in summary:
+        lines += _rtc_table(summary["rtc"])
+    rows = [[s["stage"], s["status"], str(s["seconds"])] for s in summary["stages"]]
+    lines += _table("Stages", ["stage", "status", "seconds"], rows)
     env = summary["environment"]
     versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items() if v)
-    return "\n".join([*lines, "", f"Python {env['python']} ({env['executable']}): {versions}", ""])
+    return "\n".join([*lines, f"Python {env['python']} ({env['executable']}): {versions}", ""])
 
 
 def _plots(summary: dict, folder: pathlib.Path) -> list[pathlib.Path]:
