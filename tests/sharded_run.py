@@ -13,7 +13,7 @@ from conftest import GOLDEN, golden_inputs
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh as mesh_lib
-from oxygen_jax.engine.api import SlotInsert
+from oxygen_jax.engine.api import ChunkGuidance, SlotInsert
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import inputs
@@ -31,9 +31,11 @@ def spec(array: jax.Array) -> str:
 
 
 def engine_outputs(engine: Engine, obs, noise) -> dict:
-    """Prefix K, actions, greedy text alone and through σ̂ (insert + decode), and σ̂'s layout."""
+    """Prefix K, actions (plain and guided), greedy text alone and through σ̂ (insert + decode), σ̂'s
+    layout."""
     cache = engine.prefill(obs)
     actions = engine.denoise(cache, noise, num_steps=10)
+    guided = engine.denoise(cache, noise, num_steps=10, guidance=guidance_rows(noise))
     text = engine.generate(cache, TEXT)
     sampled = engine.generate(cache, TEXT, temperature=1.0, seed=3)
     state = engine.init_state(ROWS, TEXT, cache.mask.shape[1])
@@ -42,6 +44,7 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
     return {
         "k": cache.k,
         "actions": actions,
+        "guided_actions": guided,
         "text": text.tokens,
         "text_logprobs": text.logprobs,
         "sampled_text": sampled.tokens,
@@ -52,6 +55,17 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
         "cache_k_spec": spec(cache.k),
         "q_spec": spec(engine.params["PaliGemma"]["llm"]["layers_0"]["attn"]["q_einsum"]["w"]),
     }
+
+
+def guidance_rows(noise: np.ndarray) -> list[ChunkGuidance | None]:
+    """Real-time chunking on 3 of the 4 rows (different delays, horizons, schedules and betas), one plain."""
+    prev = np.random.default_rng(1).standard_normal(noise.shape, np.float32)
+    return [
+        ChunkGuidance(prev[0], delay=2, horizon=6),
+        None,
+        ChunkGuidance(prev[2], delay=4, horizon=8, schedule="linear", max_guidance_weight=1.0),
+        ChunkGuidance(prev[3], delay=1, horizon=10, schedule="ones", max_guidance_weight=3.0),
+    ]
 
 
 def served(engine: Engine, rows: list[dict], noise: np.ndarray) -> dict:

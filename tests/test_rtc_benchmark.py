@@ -19,5 +19,6 @@ def test_cost_of_guidance_is_measured_without_compiling(golden_params, tiny_conf
     assert measured["plain_ms"] == statistics.median(measured["plain_ms_all"])
     assert measured["guided_over_plain"] == measured["guided_ms"] / measured["plain_ms"]
     assert abs(measured["added_over_plain"] - (measured["guided_over_plain"] - 1)) < 1e-12
-    # A guided step: the forward, the forward again (rematerialized) and the backward of the velocity.
-    assert 2.5 < measured["guided_over_plain_flops"] < 3.5
+    # A guided step: the velocity's forward and its backward w.r.t. x_t only. A recomputed forward or a
+    # gradient w.r.t. the weights would each add about one more plain step.
+    assert 1.8 < measured["guided_over_plain_flops"] < 2.4

@@ -7,7 +7,7 @@ float32 order follow Physical-Intelligence/real-time-chunking-kinetix (`get_pref
 `FlowPolicy.realtime_action`) in openpi's time convention: t from 1 (noise) to 0 (data), tau = 1 - t,
 v = noise - actions. Every setting is per row (the prefix weights are data), so robots with different
 delays, schedules and weights share one compiled program; a row whose weights are all 0 gets the plain
-actions.
+actions up to float32 rounding (bit for bit when no row of the batch is guided: the plain program runs).
 """
 
 import math
@@ -69,14 +69,15 @@ def guided_velocity(velocity, x_t: jax.Array, time: jax.Array, target: jax.Array
     """v - w J^T[(target - x̂) W] with x̂(x_t) = x_t - t v(x_t, t) and J = dx̂/dx_t (rows are independent,
     so one vjp over the batch is a vjp per row). velocity(x_t, t) -> v [B, H, A]; weights [B, H].
 
-    The velocity is rematerialized for the backward pass: its forward then compiles exactly as in the
-    plain program (saving residuals changes XLA's fusions and v by float32 ulps), so a row with zero
-    weights gets the plain actions bit for bit, at the price of one more forward pass per step.
+    v is the vjp's own forward: one forward and one backward per step (2x a plain step's FLOPs). Only x_t is
+    differentiated; params, the prefix cache and t are closed over, so no cotangent is computed for them.
+    The forward keeps residuals for the backward, so XLA fuses it differently from the plain program and v
+    may differ from the plain velocity by float32 rounding (a row with zero weights gets the plain actions
+    to ~1e-6, not bit for bit; `Engine.denoise` runs the plain program when no row is guided).
     """
-    rematerialized = jax.checkpoint(lambda x: velocity(x, time))
 
     def denoised(x):
-        v = rematerialized(x)
+        v = velocity(x, time)
         return x - time * v, v
 
     x_hat, pullback, v = jax.vjp(denoised, x_t, has_aux=True)
