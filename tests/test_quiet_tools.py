@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SCRIPTS
+from conftest import SCRIPTS, serve_script
 
 from oxygen_jax import checkpoints, config
 
@@ -44,3 +44,15 @@ def test_verbosity_zero_brings_the_info_lines_back():
     run = _run_demo("--verbosity=0")
     assert run.returncode == 0, run.stderr[-3000:]
     assert "restored params from" in run.stderr and INFO_LINE.search(run.stderr)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_server_logs_where_it_listens_and_no_library_info(tmp_path):
+    with serve_script(tmp_path) as (_, port):
+        pass
+    log = (tmp_path / f"serve_{port}.log").read_text()
+    assert f"Serving policy on ws://0.0.0.0:{port}" in log  # the server's own events stay at INFO
+    info = [line for line in log.splitlines() if INFO_LINE.match(line)]
+    assert info and all("websocket_server.py" in line for line in info), info
+    assert "_CHECKPOINT_METADATA" not in log

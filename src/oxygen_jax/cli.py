@@ -252,6 +252,8 @@ def parse_flags(argv: list[str]) -> list[str]:
             # Libraries log at WARNING unless `--verbosity` asks for more (orbax logs each restore step
             # at INFO); set here, as a value, because absl raises a default verbosity to INFO.
             flags.FLAGS.verbosity = _QUIET
+            # A server's own events (where it listens, connections opening and closing) are its output.
+            logging.getLogger("oxygen_jax.serving").setLevel(logging.INFO)
         if COORDINATOR.value:
             jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
         if MESH.value:
