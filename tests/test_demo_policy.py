@@ -6,6 +6,7 @@ import pathlib
 import pytest
 
 from oxygen_jax import config
+from oxygen_jax.policies import policy_config
 from oxygen_jax.policies.policy import create_policy
 from oxygen_jax.table_task import scenes
 
@@ -28,3 +29,8 @@ def test_policy_repr_names_config_checkpoint_robot_and_text_budget(demo_policy):
     assert repr(demo_policy) == (
         f"Policy(config='pi05_demo', checkpoint={SHIPPED!r}, robot='table', max_text_tokens=12)"
     )
+
+
+def test_openpi_entry_point_without_a_checkpoint_takes_the_configs_own():
+    policy = policy_config.create_trained_policy("pi05_demo")
+    assert pathlib.Path(policy.checkpoint).resolve() == pathlib.Path(SHIPPED).resolve()
