@@ -16,7 +16,7 @@ import pathlib
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.evaluation import droid, policies, recording
+from oxygen_jax.evaluation import droid, policies, recording, video
 
 _POLICY = cli.define_policy_flags("pi05_droid")
 _MODE = flags.DEFINE_enum("mode", "replay", ["robot", "replay"], "Real robot, or offline replay.")
@@ -87,6 +87,8 @@ def main(_):
         control_hz=droid.CONTROL_HZ if realtime else None,
         save_video=_VIDEO.value,
     )
+    if settings.save_video:  # written at the end of the run: a missing writer is reported first
+        video.video_writer(install="pip install 'oxygen_jax[droid]' (or pass --nosave_video)")
     out_dir = pathlib.Path(_OUT.value)
     if _MODE.value == "robot":
         _robot(settings, out_dir)

@@ -7,7 +7,7 @@ Each scene is one episode: the gripper moving straight to the cube the prompt na
 subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_task.scenes).
 """
 
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli
 from oxygen_jax.table_task import dataset, scenes
@@ -28,4 +28,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -68,12 +68,21 @@ def serve_robots(engine, stream, max_new: int, num_steps: int) -> dict:
     }
 
 
+def _stream_kind(cfg) -> str:
+    """What the frames show: recorded npz frames (`obs_dir`), rendered table scenes (`table`, the table
+    robot's configs) or the synthetic stream of a robot's camera layout (`--layout`)."""
+    if _OBS_DIR.value:
+        return "obs_dir"
+    return "table" if cfg.get("robot") == "table" else _LAYOUT.value
+
+
 def _layout_line(engine, stream_frame: dict, prefix_len: int) -> str:
     """Which cameras the stream fills and the prefix they make: the action rate depends on both."""
     config = engine.config
     visible = [cam for cam in config.image_keys if stream_frame[f"image_mask/{cam}"].all()]
-    table = _MODEL.config.value.get("robot") == "table"
-    source = _OBS_DIR.value or ("rendered table scenes" if table else f"synthetic {_LAYOUT.value} layout")
+    kind = _stream_kind(_MODEL.config.value)
+    named = {"obs_dir": _OBS_DIR.value, "table": "rendered table scenes"}
+    source = named.get(kind, f"synthetic {kind} layout")
     return (
         f"{source}: cameras {', '.join(visible)} ({len(config.image_keys) - len(visible)} of "
         f"{len(config.image_keys)} masked); prefix {prefix_len} columns = {len(visible)} x "
@@ -85,7 +94,10 @@ def _print_texts(texts: list, random_model: bool, scenes: list[table_scenes.Scen
     """The first finished texts; `scenes` (table scenes, one per frame) give their prompt and true subtask."""
     if random_model and texts:
         print("random-initialized model: its text is noise, so token ids are shown (pass --checkpoint_dir)")
-    for result in texts[: _PRINT_TEXT.value]:
+    shown_texts = texts[: _PRINT_TEXT.value]
+    if shown_texts:
+        print(f"the first {len(shown_texts)} of {len(texts)} finished requests (--print_text=N shows N):")
+    for result in shown_texts:
         shown = result.tokens.tolist() if random_model else repr(result.text)
         print(f"request {result.request_id} ({result.finish_reason}, {len(result.tokens)} tokens): {shown}")
         if scenes:
@@ -121,7 +133,7 @@ def main(_):
     scenes: list[table_scenes.Scene] = []  # per frame of a table-scene stream
     if recorded:
         stream = recorded
-    elif cfg.get("robot") == "table":
+    elif _stream_kind(cfg) == "table":
         stream = _table_frames(cfg, scenes)
     else:
         stream = observations.synthetic_stream(
@@ -175,7 +187,7 @@ def main(_):
         "config": cfg.name,
         "backend": jax.default_backend(),
         "dtype": engine.config.dtype,
-        "layout": "obs_dir" if _OBS_DIR.value else _LAYOUT.value,
+        "layout": _stream_kind(cfg),
         "prefix_len": manager.prefix_len,
         "arrivals": _ARRIVALS.value,
         "rate": _RATE.value,
@@ -183,6 +195,9 @@ def main(_):
         "target_hz": target_hz,
         "requests_arrived": arrived,
         **stats.summary(),
+        # Frames with arrivals (the `frames` bar's count), then the drain's until every request finished.
+        "frames": min(len(stats.frames), _FRAMES.value),
+        "drain_frames": max(len(stats.frames) - _FRAMES.value, 0),
         "queue_wait_frames_mean": float(np.mean([t.queue_wait_frames for t in texts])) if texts else 0.0,
         "compiles_after_warmup": counter.count,
         "peak_memory_bytes": metrics.peak_memory_bytes(),

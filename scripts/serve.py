@@ -67,7 +67,7 @@ _LOOP = flags.DEFINE_enum(
 _MAX_DELAY_MS = flags.DEFINE_float(
     "max_action_delay_ms",
     None,
-    "Async loop: longest an arriving observation waits behind a decode chunk (default: 10%% of the "
+    "Async loop: longest an arriving observation waits behind a decode chunk (default: 10% of the "
     "measured action path).",
 )
 _MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")

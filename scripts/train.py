@@ -23,7 +23,7 @@ import pathlib
 import jax
 import numpy as np
 import optax
-from absl import flags, logging
+from absl import flags
 
 from oxygen_jax import checkpoints, cli
 from oxygen_jax import config as config_lib
@@ -170,7 +170,6 @@ def _train(cfg) -> None:
 
 
 def main(_):
-    logging.set_verbosity(logging.WARNING)  # orbax logs every checkpoint operation at INFO
     cfg = _CONFIG.value
     if _LOSS_ON.value:
         _loss_on(cfg)

@@ -8,9 +8,11 @@ conversion step that could drift from upstream.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import pathlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import jax
@@ -24,6 +26,8 @@ from oxygen_jax.errors import CheckpointError, InvalidArgumentError, UserError
 
 _CACHE_SUBDIR = "openpi-assets/checkpoints"
 _TREE_METADATA = "_METADATA"
+# orbax's per-step metadata file, which openpi's checkpoints (and the shipped demo model) do not hold.
+_STEP_METADATA = "_CHECKPOINT_METADATA"
 # openpi's PyTorch checkpoints (converted from the JAX ones) hold this file instead of params/.
 _PYTORCH_WEIGHTS = "model.safetensors"
 
@@ -121,6 +125,25 @@ def resolve_checkpoint_dir(path_or_name: str | os.PathLike[str]) -> pathlib.Path
     )
 
 
+class _WithoutStepMetadataNotice(logging.Filter):
+    """Drops orbax's warning that a checkpoint has no `_STEP_METADATA`: openpi writes none, so every
+    checkpoint this module reads would raise it, and it says nothing wrong with the checkpoint."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return _STEP_METADATA not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_about_step_metadata() -> Iterator[None]:
+    orbax_logger = logging.getLogger("absl")  # orbax logs through absl
+    notice = _WithoutStepMetadataNotice()
+    orbax_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        orbax_logger.removeFilter(notice)
+
+
 def _params_dir(checkpoint_dir: pathlib.Path) -> pathlib.Path:
     nested = checkpoint_dir / "params"
     return nested if nested.is_dir() else checkpoint_dir
@@ -172,7 +195,7 @@ def restore_params(
     read, and every difference is reported in one CheckpointMismatchError.
     """
     path = _params_dir(resolve_checkpoint_dir(checkpoint_dir))
-    with ocp.PyTreeCheckpointer() as ckptr:
+    with _quiet_about_step_metadata(), ocp.PyTreeCheckpointer() as ckptr:
         metadata = ckptr.metadata(path)
         # orbax >= 0.12 wraps the tree in StepMetadata; older versions return it directly.
         item = {"params": getattr(metadata, "item_metadata", metadata)["params"]}

@@ -23,6 +23,8 @@ from oxygen_jax.errors import UserError
 from oxygen_jax.params import PARAMS_DTYPES, load_params
 
 STORED = "stored"
+# absl's `--verbosity` value for WARNING (0 is INFO, 1 DEBUG).
+_QUIET = -1
 _CHECKPOINT_HELP = "openpi checkpoint: a path, an openpi cache name or a gs:// URL (random init if absent)."
 
 
@@ -246,6 +248,12 @@ def parse_flags(argv: list[str]) -> list[str]:
             for arg in argv
         ]
         remaining = flags.FLAGS(rewritten)
+        if not flags.FLAGS["verbosity"].present:
+            # Libraries log at WARNING unless `--verbosity` asks for more (orbax logs each restore step
+            # at INFO); set here, as a value, because absl raises a default verbosity to INFO.
+            flags.FLAGS.verbosity = _QUIET
+            # A server's own events (where it listens, connections opening and closing) are its output.
+            logging.getLogger("oxygen_jax.serving").setLevel(logging.INFO)
         if COORDINATOR.value:
             jax.distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
         if MESH.value:

@@ -11,17 +11,22 @@ video per episode and camera (dtype "video", decoded with imageio's ffmpeg plugi
 the folder is a `DatasetError` whose one-line message names the file and what is wrong.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import io
 import json
 import pathlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import Image
+
+from oxygen_jax.lerobot import arrow
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SUPPORTED_VERSIONS = ("v2.0", "v2.1")
 # Columns LeRobot writes for every frame, besides the dataset's own features.
@@ -84,6 +89,7 @@ class LeRobotDataset:
     """Metadata of a local LeRobot v2.x dataset, and its episodes column by column."""
 
     def __init__(self, root: str | pathlib.Path) -> None:
+        arrow.parquet()  # the missing extra is reported before any work
         self.root = pathlib.Path(root).expanduser()
         if not self.root.is_dir():
             raise DatasetError(f"{self.root}: no such dataset folder")
@@ -154,6 +160,7 @@ class LeRobotDataset:
     def _read_table(self, path: pathlib.Path, columns: list[str]) -> pa.Table:
         if not path.is_file():
             raise DatasetError(f"{path}: missing (named by meta/info.json data_path)")
+        pa, pq = arrow.parquet()
         try:
             schema = pq.read_schema(path)
             if missing := [c for c in columns if c not in schema.names]:
@@ -181,16 +188,13 @@ class LeRobotDataset:
 
 def _column_values(column: pa.ChunkedArray, path: pathlib.Path, name: str) -> Any:
     """A parquet column as numpy ([T] or [T, n] for list columns), or a list of strings."""
+    pa, _ = arrow.parquet()
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
         return column.to_pylist()
     if pa.types.is_list(column.type) or pa.types.is_fixed_size_list(column.type):
         values = column.to_pylist()
         try:
-            return np.asarray(values, np.float32 if _is_float_list(column.type) else None)
+            return np.asarray(values, np.float32 if pa.types.is_floating(column.type.value_type) else None)
         except ValueError as error:
             raise DatasetError(f"{path}: column {name!r} has rows of different lengths") from error
     return column.to_numpy()
-
-
-def _is_float_list(list_type: pa.DataType) -> bool:
-    return pa.types.is_floating(list_type.value_type)

@@ -12,10 +12,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from PIL import Image
 
+from oxygen_jax.lerobot import arrow
 from oxygen_jax.lerobot.reader import INDEX_COLUMNS
 
 DATA_PATH = "data/chunk-{episode_chunk:03d}/episode_{episode_index:06d}.parquet"
@@ -43,6 +42,7 @@ class LeRobotWriter:
     """Appends frames to the current episode; `save_episode` writes it and the metadata."""
 
     def __init__(self, root: str | pathlib.Path, *, fps: float, robot_type: str | None = None) -> None:
+        arrow.parquet()  # the missing extra is reported before any frame is made
         self.root = pathlib.Path(root)
         if (self.root / "meta" / "info.json").exists():
             raise FileExistsError(f"{self.root} already holds a dataset; record into a new folder")
@@ -89,6 +89,7 @@ class LeRobotWriter:
             columns["task_index"].append(task_index)
         path = self.root / DATA_PATH.format(episode_chunk=episode // CHUNKS_SIZE, episode_index=episode)
         path.parent.mkdir(parents=True, exist_ok=True)
+        pa, pq = arrow.parquet()
         pq.write_table(pa.table(columns), path)
         entry = {"episode_index": episode, "tasks": tasks, "length": len(self._frames)}
         self._num_episodes += 1

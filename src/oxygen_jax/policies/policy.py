@@ -189,8 +189,10 @@ class Policy:
         top_p: float = 1.0,
         seed: int = 0,
         metadata: Mapping[str, Any] | None = None,
+        checkpoint: str | None = None,
     ) -> None:
         self.engine = engine
+        self.checkpoint = checkpoint  # where the params came from (None: random init), for `repr`
         self.num_steps = num_steps
         self.max_text_tokens = max_text_tokens
         self.io = io
@@ -202,6 +204,12 @@ class Policy:
         self._rng = np.random.default_rng(seed)
         self._rng_lock = threading.Lock()
         self._metadata = dict(metadata or {})
+
+    def __repr__(self) -> str:
+        return (
+            f"Policy(config={self._metadata.get('config')!r}, checkpoint={self.checkpoint!r}, "
+            f"robot={self._metadata.get('robot')!r}, max_text_tokens={self.max_text_tokens})"
+        )
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -392,7 +400,7 @@ def norm_stats_for(cfg, checkpoint_dir: str | None) -> dict[str, normalization.N
 
 def create_policy(
     config_name: str | ml_collections.ConfigDict,
-    checkpoint_dir: str | None,
+    checkpoint_dir: str | None = None,
     *,
     tokenizer_path: str | None = None,
     max_text_tokens: int = 0,
@@ -403,7 +411,7 @@ def create_policy(
     overrides: Mapping[str, Any] | None = None,
 ) -> Policy:
     """A policy for the config `<config_name>` (or a loaded config; its `robot` picks the transforms) on an
-    openpi checkpoint.
+    openpi checkpoint (by default the config's own, e.g. the demo model `pi05_demo` ships; else random).
 
     Norm stats come from `<checkpoint>/assets/<asset_id>/norm_stats.json` unless given, as openpi's
     `create_trained_policy`, which also restores params as bfloat16: `params_dtype="bfloat16"` replicates
@@ -435,4 +443,5 @@ def create_policy(
         top_p=cfg.engine.top_p,
         seed=cfg.seed,
         metadata={"config": cfg.name, "robot": cfg.robot, "action_dim": found.action_dim, **found.metadata},
+        checkpoint=checkpoint_dir,
     )

@@ -45,7 +45,7 @@ def _norm_stats(norm_stats: Mapping[str, Any]) -> dict[str, normalization.NormSt
 
 def create_trained_policy(
     train_config: Any,
-    checkpoint_dir: str | os.PathLike[str],
+    checkpoint_dir: str | os.PathLike[str] | None = None,
     *,
     repack_transforms: Any = None,
     sample_kwargs: Mapping[str, Any] | None = None,
@@ -60,7 +60,8 @@ def create_trained_policy(
     train_config: a config name (`"pi05_libero"`), a loaded config (`oxygen_jax.config.get_config`), or
       openpi's own TrainConfig, whose name picks our config of that name.
     checkpoint_dir: the checkpoint (a path, a name in openpi's cache, or a `gs://` URL downloaded into
-      openpi's cache as openpi does); params are restored as bfloat16, as openpi does.
+      openpi's cache as openpi does); params are restored as bfloat16, as openpi does. None: the
+      config's own (`pi05_demo` ships one), else a random-initialized model.
     sample_kwargs: `num_steps` (flow-matching steps), as openpi's `sample_actions` takes it.
     default_prompt: fills observations that carry no prompt (else the robot's default, as openpi).
     norm_stats: used instead of the checkpoint's `assets/<asset_id>/norm_stats.json` (ours or openpi's).
@@ -80,7 +81,7 @@ def create_trained_policy(
         raise ValueError(f"sample_kwargs {unknown} are not supported; known: {list(_SAMPLE_KWARGS)}")
     return create_policy(
         _config(train_config),
-        os.fspath(checkpoint_dir),
+        None if checkpoint_dir is None else os.fspath(checkpoint_dir),
         tokenizer_path=tokenizer_path,
         max_text_tokens=max_text_tokens,
         default_prompt=default_prompt,

@@ -1,11 +1,13 @@
 """Scoring a policy on the demo task's held-out scenes: the text it says against the true subtask, and its
 action chunk against the true one."""
 
+import pathlib
 from typing import Any
 
 import numpy as np
 import tqdm
 
+import oxygen_jax
 from oxygen_jax import config
 from oxygen_jax.policies.policy import create_policy, norm_stats_for
 from oxygen_jax.table_task import scenes
@@ -49,9 +51,19 @@ def eval_report(cfg: Any, checkpoint_dir: str | None, num_scenes: int) -> dict[s
     untrained = evaluate(create_policy(untrained_cfg, None, norm_stats=stats, **kwargs), num_scenes)
     return {
         "config": cfg.name,
-        "checkpoint_dir": str(checkpoint_dir),
+        "checkpoint_dir": recorded_checkpoint(checkpoint_dir),
         "held_out_seed": scenes.HELD_OUT_SEED,
         "trained": trained,
         "untrained": untrained,
         "action_mse_ratio": trained["action_mse"] / untrained["action_mse"],
     }
+
+
+def recorded_checkpoint(checkpoint_dir: str) -> str:
+    """The checkpoint as a report names it: one shipped in the package relative to the package's folder
+    (`oxygen_jax/assets/pi05_demo`), so the report reads the same on every machine; any other as given."""
+    package = pathlib.Path(oxygen_jax.__file__).resolve().parent
+    path = pathlib.Path(checkpoint_dir).expanduser()
+    if path.is_dir() and path.resolve().is_relative_to(package):
+        return path.resolve().relative_to(package.parent).as_posix()
+    return checkpoint_dir
