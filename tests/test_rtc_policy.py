@@ -117,9 +117,9 @@ def test_a_reply_overtaken_by_a_newer_request_is_marked_stale(policy):
 
     with rtc_policy._lock:
         threads = [request("first")]
-        _wait_for(lambda: rtc_policy._latest == 0)
+        _wait_for(lambda: rtc_policy.chunks.latest == 0)
         threads.append(request("second"))
-        _wait_for(lambda: rtc_policy._latest == 1)
+        _wait_for(lambda: rtc_policy.chunks.latest == 1)
     for thread in threads:
         thread.join(timeout=60)
     assert replies["first"][protocol.STALE] is True
