@@ -21,12 +21,12 @@ import numpy as np
 
 from oxygen_jax.client import protocol
 from oxygen_jax.engine.api import ChunkGuidance
-from oxygen_jax.errors import InvalidArgumentError
+from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.policies.policy import Policy, RequestOptions
 
 
-class RtcError(InvalidArgumentError):
-    """An `rtc` entry the server cannot use (the message names the field)."""
+class RtcError(InvalidRequest, InvalidArgumentError):
+    """An `rtc` entry the server cannot use (the message names the field): a bad request."""
 
 
 @dataclasses.dataclass(frozen=True)
