@@ -9,7 +9,7 @@ with padding, which changes float32 reductions by ulps).
 
 import numpy as np
 import pytest
-from conftest import E2E, make_policy, raw_observation
+from conftest import E2E, GoldenRobot, make_policy, raw_observation
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
@@ -100,17 +100,6 @@ def test_a_bad_rtc_is_refused_for_that_robot_only_while_another_continues(policy
     )
 
 
-class _Robot:
-    def __init__(self):
-        self.executed: list[np.ndarray] = []
-
-    def observe(self) -> dict:
-        return raw_observation()
-
-    def act(self, action: np.ndarray) -> None:
-        self.executed.append(action)
-
-
 def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
     """A few chunks at 10 Hz, asking for the next one 5 actions before the end: every request after the
     first carries `rtc`, every reply starts where its request's delay said, and chunk ids follow each
@@ -123,7 +112,7 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
         replies.append(connection.infer(obs))
         return replies[-1]
 
-    robot = _Robot()
+    robot = GoldenRobot()
     stats = Executor(
         ExecutorConfig(control_hz=10.0, execution_horizon=5, mode="rtc"), robot, infer=infer
     ).run(32)
