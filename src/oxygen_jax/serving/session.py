@@ -25,8 +25,8 @@ Real-time chunking (`rtc` protocol, `policies/rtc.py`): each robot keeps its las
 robot executed, in the same batch as everyone else's (the batch runs the guided program once, other rows
 plain). Every reply carries `chunk_id`, `start` (the new chunk's index the robot switches at; 0 without
 `rtc`) and `stale` (a newer request of the robot arrived before it was answered). A bad `rtc` is that
-request's `InvalidRequest`. Without `rtc` the delay is estimated from the robot's last request's
-latency (receipt to reply) and its stated `control_hz`.
+request's `InvalidRequest`. An `rtc` without `delay` gets the robot's last latency (receipt to reply)
+in control steps of its stated `control_hz`.
 
 `subscribe` pushes a `TextEvent` for every chunk of new tokens and every finished request, from the
 output thread. Actions equal `Policy.infer`'s with the same noise. The first request compiles every shape
