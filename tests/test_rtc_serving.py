@@ -13,6 +13,7 @@ from conftest import E2E, GoldenRobot, make_policy, raw_observation
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import RequestOptions
 from oxygen_jax.policies.rtc import align
@@ -102,8 +103,9 @@ def test_a_bad_rtc_is_refused_for_that_robot_only_while_another_continues(policy
 
 def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
     """A few chunks at 10 Hz, asking for the next one 5 actions before the end: every request after the
-    first carries `rtc`, every reply starts where its request's delay said, and chunk ids follow each
-    other."""
+    first carries `rtc`, every reply starts where its request's delay said, chunk ids follow each other,
+    and the warm server compiles nothing."""
+    config = ExecutorConfig(control_hz=10.0, execution_horizon=5, mode="rtc")
     connection = _connect(server)
     sent, replies = [], []
 
@@ -113,9 +115,8 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
         return replies[-1]
 
     robot = GoldenRobot()
-    stats = Executor(
-        ExecutorConfig(control_hz=10.0, execution_horizon=5, mode="rtc"), robot, infer=infer
-    ).run(32)
+    with CompileCounter() as compiles:  # guided and plain requests of a warm server compile nothing
+        stats = Executor(config, robot, infer=infer).run(32)
     assert len(stats.switches) >= 3 and stats.stale_replies == 0
     assert sent[0] is None and all(rtc is not None for rtc in sent[1:])
     answered = len(replies)  # the last request may still be in flight
@@ -124,4 +125,5 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
     ]
     ids = [s.chunk_id for s in stats.switches]
     assert ids == list(range(ids[0], ids[0] + len(ids)))
+    assert compiles.count == 0
     assert len(robot.executed) == stats.actions and robot.executed[0].shape == (7,)
