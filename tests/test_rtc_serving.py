@@ -9,7 +9,7 @@ with padding, which changes float32 reductions by ulps).
 
 import numpy as np
 import pytest
-from conftest import E2E, GoldenRobot, make_policy, raw_observation
+from conftest import E2E, GoldenRobot, make_policy, raw_observation, serve_script
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
@@ -127,3 +127,16 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
     assert ids == list(range(ids[0], ids[0] + len(ids)))
     assert compiles.count == 0
     assert len(robot.executed) == stats.actions and robot.executed[0].shape == (7,)
+
+
+def test_serve_script_with_nortc_serves_plain_chunks_and_refuses_rtc(tmp_path):
+    with serve_script(tmp_path, "--nortc") as (_, port):
+        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        assert connection.get_server_metadata()["rtc"] is False
+        reply = connection.infer(raw_observation() | {"noise": NOISE})
+        assert (reply[protocol.CHUNK_ID], reply[protocol.START], reply[protocol.STALE]) == (0, 0, False)
+        rtc = {"executed": 2, "delay": 1}
+        with pytest.raises(
+            RuntimeError, match="Bad request: rtc: this server does not take real-time-chunking"
+        ):
+            connection.infer(raw_observation() | {protocol.RTC: rtc})
