@@ -263,6 +263,7 @@ class MultiRobotSession:
         arrival = chunks.arrive()  # a refused request leaves the robot's earlier replies current
         if not self._warm:
             self._warm_up(prepared.arrays)
+            received = time.perf_counter()  # the one-time compilation is no latency to plan a delay with
         frame_input = FrameInput(prepared.arrays, prepared.noise, guidance=prepared.guidance)
         with self._lock:
             robot = self._robot(request)
