@@ -76,6 +76,9 @@ _MAX_TEXT_TASKS = flags.DEFINE_integer(
     0,
     "Stream mode: most text_tasks a request may carry (0: none; >0 compiles more at warm-up).",
 )
+_RTC = flags.DEFINE_bool(
+    "rtc", True, "Stream mode: take real-time-chunking requests (warm-up also compiles the guided denoiser)."
+)
 _MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
 _GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
 _MAX_MESSAGE_MB = flags.DEFINE_float(
@@ -144,7 +147,9 @@ def main(_):
             )
         except ValueError as error:
             cli.fail(str(error))
-        session = MultiRobotSession(policy, runtime_config, max_text_tasks=_MAX_TEXT_TASKS.value)
+        session = MultiRobotSession(
+            policy, runtime_config, max_text_tasks=_MAX_TEXT_TASKS.value, rtc=_RTC.value
+        )
         backend = SessionServerBackend(session)
     logging.info("serving metadata: %s", backend.metadata)
     if _RECORD.value:

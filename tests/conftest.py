@@ -261,3 +261,16 @@ class FakePending:
     def result(self) -> dict:
         assert self.done(), "the executor must not wait for a reply"
         return self.reply
+
+
+class GoldenRobot:
+    """A robot for the client executor: always the golden raw observation; keeps the actions it got."""
+
+    def __init__(self):
+        self.executed: list[np.ndarray] = []
+
+    def observe(self) -> dict:
+        return raw_observation()
+
+    def act(self, action: np.ndarray) -> None:
+        self.executed.append(action)

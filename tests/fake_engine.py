@@ -4,7 +4,8 @@ No model runs; every call is a few numpy operations, so tests of the KV cache ma
 take milliseconds. What it computes:
 - prefill: a prefix of the prompt columns only (no image tokens); a row's `length` is its number of
   valid prompt tokens.
-- denoise: actions = noise + num_steps; a guided row's first `delay` actions are its previous chunk's.
+- denoise: actions = noise + num_steps; a guided row's first `delay` actions are its previous chunk's
+  (recorded as "guided_denoise" when any row is guided, the engine's guided program).
 - decode: a slot on a prefix of length L emits the tokens L, L + 1, L + 2, ... with log-probability
   -1 each, until it emits `eos_id` or its max_new_tokens.
 `calls` records each call by name (with its batch size or step count), so tests can see how the runtime
@@ -56,7 +57,8 @@ class FakeEngine:
         num_steps: int = 10,
         guidance: Sequence[api.ChunkGuidance | None] = (),
     ) -> np.ndarray:
-        self.calls.append(("denoise", cache.mask.shape[0]))
+        guided = any(row is not None for row in guidance)
+        self.calls.append(("guided_denoise" if guided else "denoise", cache.mask.shape[0]))
         actions = np.asarray(noise, np.float32) + num_steps
         for row, guided in enumerate(guidance):
             if guided is not None:

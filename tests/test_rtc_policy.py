@@ -5,7 +5,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import E2E, FakeClock, FakePending, make_policy, raw_observation
+from conftest import E2E, FakeClock, FakePending, GoldenRobot, make_policy, raw_observation
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
@@ -117,9 +117,9 @@ def test_a_reply_overtaken_by_a_newer_request_is_marked_stale(policy):
 
     with rtc_policy._lock:
         threads = [request("first")]
-        _wait_for(lambda: rtc_policy._latest == 0)
+        _wait_for(lambda: rtc_policy.chunks.latest == 0)
         threads.append(request("second"))
-        _wait_for(lambda: rtc_policy._latest == 1)
+        _wait_for(lambda: rtc_policy.chunks.latest == 1)
     for thread in threads:
         thread.join(timeout=60)
     assert replies["first"][protocol.STALE] is True
@@ -146,21 +146,10 @@ class _LocalServer:
         return FakePending(self.clock, self.clock.now() + self.latency_s, reply)
 
 
-class _Robot:
-    def __init__(self):
-        self.executed: list[np.ndarray] = []
-
-    def observe(self) -> dict:
-        return raw_observation()
-
-    def act(self, action: np.ndarray) -> None:
-        self.executed.append(action)
-
-
 def _drive(policy, mode: str) -> tuple:
     clock = FakeClock()
     server = _LocalServer(RtcPolicy(policy), clock, latency_s=0.25)
-    robot = _Robot()
+    robot = GoldenRobot()
     config = ExecutorConfig(control_hz=10.0, execution_horizon=4, mode=mode)
     stats = Executor(config, robot, requests=server, clock=clock).run(24)
     assert [s.chunk_id for s in stats.switches] == list(range(len(stats.switches)))

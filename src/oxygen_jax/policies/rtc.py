@@ -1,6 +1,8 @@
-"""Real-time chunking for one robot on a local `Policy`: the server side of the `rtc` protocol.
+"""Real-time chunking: the server side of the `rtc` protocol, one robot at a time.
 
-`RtcPolicy` keeps the robot's last chunk in model space. An observation carrying
+`RobotChunks` is one robot's state (its last chunk in model space, chunk ids, stale marking, the delay
+estimate); `RtcPolicy` serves one robot on a local `Policy` with it, and the multi-robot session
+(`serving/session.py`) keeps one per robot connection. An observation carrying
 `rtc: {"executed": i, "delay": d, "horizon": s}` (see `oxygen_jax.client.protocol`) is answered with a
 chunk guided towards that last chunk shifted by the i actions already executed (`align`); without `rtc`
 the reply is the policy's plain one. Every reply adds `chunk_id`, `start` (d, or 0) and `stale` (a newer
@@ -19,12 +21,12 @@ import numpy as np
 
 from oxygen_jax.client import protocol
 from oxygen_jax.engine.api import ChunkGuidance
-from oxygen_jax.errors import InvalidArgumentError
+from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.policies.policy import Policy, RequestOptions
 
 
-class RtcError(InvalidArgumentError):
-    """An `rtc` entry the server cannot use (the message names the field)."""
+class RtcError(InvalidRequest, InvalidArgumentError):
+    """An `rtc` entry the server cannot use (the message names the field): a bad request."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,20 +82,76 @@ def align(chunk: np.ndarray, executed: int) -> np.ndarray:
     return chunk[index]
 
 
+class RobotChunks:
+    """One robot's real-time-chunking state, shared by every server path (thread-safe).
+
+    It numbers the robot's requests as they arrive (a reply computed after a newer request arrived is
+    stale), keeps the last chunk sent in model space with its `chunk_id`, the robot's `control_hz` once
+    stated and the server's last measured latency, which together estimate `delay` when a request leaves
+    it out. A stale reply does not become the last chunk: the robot ignores it and keeps executing the one
+    before. A refused `rtc` leaves the state as it was.
+    """
+
+    def __init__(self, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
+        self.schedule = schedule
+        self.max_guidance_weight = max_guidance_weight
+        self._lock = threading.Lock()
+        self._arrivals = itertools.count()
+        self.latest = -1  # the newest arrival
+        self._chunk: np.ndarray | None = None  # model space [H, action_dim]
+        self._chunk_id: int | None = None
+        self._next_chunk_id = 0
+        self._control_hz: float | None = None
+        self._latency_s: float | None = None
+
+    def arrive(self) -> int:
+        """Numbers a new request of this robot."""
+        with self._lock:
+            self.latest = next(self._arrivals)
+            return self.latest
+
+    def guidance(self, rtc: Any, horizon: int) -> tuple[ChunkGuidance | None, int]:
+        """(the guidance of a request with this `rtc` entry, the index its reply starts at); (None, 0)
+        without `rtc`. RtcError (one line) for values it cannot use."""
+        if rtc is None:
+            return None, 0
+        with self._lock:
+            control_hz = self._control_hz
+            if isinstance(rtc, Mapping) and "control_hz" in rtc:
+                control_hz = rtc["control_hz"]
+                if isinstance(control_hz, bool) or not isinstance(control_hz, int | float | np.number):
+                    raise RtcError(f"rtc.control_hz must be a number, got {control_hz!r}")
+                if not control_hz > 0:
+                    raise RtcError(f"rtc.control_hz must be > 0, got {control_hz}")
+            estimate = None
+            if control_hz and self._latency_s is not None:
+                estimate = math.ceil(self._latency_s * control_hz)
+            request = parse_request(rtc, horizon, self._chunk_id, estimate)
+            prev = align(self._chunk, request.executed)
+            self._control_hz = control_hz
+        weight = self.max_guidance_weight
+        return ChunkGuidance(prev, request.delay, request.horizon, self.schedule, weight), request.delay
+
+    def answered(self, arrival: int, chunk: np.ndarray, latency_s: float) -> dict[str, Any]:
+        """Records the reply to request `arrival` (its model-space chunk [H, A] and how long the server
+        took); returns its `chunk_id` and `stale` fields."""
+        with self._lock:
+            chunk_id = self._next_chunk_id
+            self._next_chunk_id += 1
+            self._latency_s = latency_s
+            stale = arrival < self.latest
+            if not stale:
+                self._chunk, self._chunk_id = np.asarray(chunk, np.float32), chunk_id
+        return {protocol.CHUNK_ID: chunk_id, protocol.STALE: stale}
+
+
 class RtcPolicy:
     """One robot's policy with real-time chunking. Thread-safe: one call computes at a time."""
 
     def __init__(self, policy: Policy, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
         self._policy = policy
-        self.schedule = schedule
-        self.max_guidance_weight = max_guidance_weight
         self._lock = threading.Lock()
-        self._arrivals = itertools.count()
-        self._latest = -1
-        self._chunk: np.ndarray | None = None  # model space [H, action_dim]
-        self._chunk_id: int | None = None
-        self._control_hz: float | None = None
-        self._latency_s: float | None = None
+        self.chunks = RobotChunks(schedule=schedule, max_guidance_weight=max_guidance_weight)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -101,39 +159,16 @@ class RtcPolicy:
 
     def infer(self, obs: Mapping[str, Any], **kwargs) -> dict[str, Any]:
         """`Policy.infer`, guided when `obs` carries `rtc`; the reply adds chunk_id, start and stale."""
-        arrival = next(self._arrivals)
-        self._latest = max(self._latest, arrival)
+        arrival = self.chunks.arrive()
         rtc = obs.get(protocol.RTC)
         obs = {k: v for k, v in obs.items() if k != protocol.RTC}
         with self._lock:
-            guidance, start = self._guidance(rtc)
+            guidance, start = self.chunks.guidance(rtc, self._policy.engine.config.action_horizon)
             prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance))
-            self._chunk, text, timing = self._policy.execute(prepared)
-            self._chunk_id = 0 if self._chunk_id is None else self._chunk_id + 1
-            self._latency_s = timing["infer_ms"] / 1000
+            chunk, text, timing = self._policy.execute(prepared)
             return {
-                **self._policy.finish(prepared, self._chunk, text),
+                **self._policy.finish(prepared, chunk, text),
                 "policy_timing": timing,
-                protocol.CHUNK_ID: self._chunk_id,
+                **self.chunks.answered(arrival, chunk, timing["infer_ms"] / 1000),
                 protocol.START: start,
-                protocol.STALE: arrival < self._latest,
             }
-
-    def _guidance(self, rtc: Any) -> tuple[ChunkGuidance | None, int]:
-        if rtc is None:
-            return None, 0
-        if isinstance(rtc, Mapping) and "control_hz" in rtc:
-            hz = rtc["control_hz"]
-            if not isinstance(hz, int | float | np.number) or not hz > 0:
-                raise RtcError(f"rtc.control_hz must be > 0, got {hz!r}")
-            self._control_hz = float(hz)
-        estimate = None
-        if self._control_hz and self._latency_s is not None:
-            estimate = math.ceil(self._latency_s * self._control_hz)
-        horizon = self._policy.engine.config.action_horizon
-        request = parse_request(rtc, horizon, self._chunk_id, estimate)
-        prev = align(self._chunk, request.executed)
-        guidance = ChunkGuidance(
-            prev, request.delay, request.horizon, self.schedule, self.max_guidance_weight
-        )
-        return guidance, request.delay

@@ -38,7 +38,9 @@ class RuntimeConfig:
     leaves time for (frame loop and frame clock); owed_k: the async loop's chunk between two batches;
     num_steps: denoising steps; max_prefill_batch: observations prefilled together; gather_s: how long a
     first waiting observation waits for others; task_suffix_len / max_frame_tasks: room for text tasks'
-    instructions (0: none); seed: the noise of observations that bring none.
+    instructions (0: none); seed: the noise of observations that bring none; guided: warm-up also
+    compiles the guided (real-time chunking) denoiser for every prefill batch, so guided observations
+    never compile.
     """
 
     max_slots: int
@@ -54,6 +56,7 @@ class RuntimeConfig:
     task_suffix_len: int = 0
     max_frame_tasks: int = 0
     seed: int = 0
+    guided: bool = False
 
     def __post_init__(self):
         """A one-line ValueError for a value no runtime can take."""
@@ -81,8 +84,12 @@ class Runtime:
         scheduler: FrameScheduler,
         loop: DeviceLoop | None,
         output: OutputThread,
+        *,
+        guided: bool = False,
     ):
+        """guided: warm-up compiles the guided denoiser too (`RuntimeConfig.guided`)."""
         self._scheduler = scheduler
+        self._guided = guided
         self._loop = loop
         self._output = output
         self._started = False
@@ -217,6 +224,8 @@ class Runtime:
         else:  # actions only: every prefill batch size
             for size in range(1, scheduler.max_prefill_batch + 1):
                 scheduler.act([FrameInput(example)] * size)
+        if self._guided:
+            scheduler.warm_up_guided(example)
 
 
 def build(
@@ -252,4 +261,4 @@ def build(
             expected_senders=expected_senders,
             owed_k=config.owed_k,
         )
-    return Runtime(scheduler, loop, output)
+    return Runtime(scheduler, loop, output, guided=config.guided)

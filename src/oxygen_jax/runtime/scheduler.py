@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from oxygen_jax.engine.api import RuntimeEngine
+from oxygen_jax.engine.api import ChunkGuidance, RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager, bucket
@@ -31,13 +31,15 @@ from oxygen_jax.runtime.requests import TextRequest, TextResult, TokenEvent
 @dataclasses.dataclass
 class FrameInput:
     """One observation (model-level arrays with batch dim 1), optional noise [1, H, A], the language
-    requests that continue this observation's prompt (they share its prefix cache) and the task requests,
-    each decoding after its own instruction tokens appended to that prefix."""
+    requests that continue this observation's prompt (they share its prefix cache), the task requests,
+    each decoding after its own instruction tokens appended to that prefix, and the real-time-chunking
+    guidance of its actions (None: plain)."""
 
     arrays: dict[str, np.ndarray]
     noise: np.ndarray | None = None
     requests: list[TextRequest] = dataclasses.field(default_factory=list)
     tasks: list[tuple[TextRequest, Sequence[int]]] = dataclasses.field(default_factory=list)
+    guidance: ChunkGuidance | None = None
 
 
 @dataclasses.dataclass
@@ -160,7 +162,8 @@ class FrameScheduler:
 
     def act(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
         """Prefill + denoise: one action chunk per input, on the host. The inputs' language requests are
-        queued on the same prefix cache (`manager.admit` moves them into slots)."""
+        queued on the same prefix cache (`manager.admit` moves them into slots). A batch with a guided input
+        runs the engine's guided program once, its other rows (and padding) unguided; else the plain one."""
         n = len(frame_inputs)
         size = bucket(n, self.max_prefill_batch, self.engine.data_size)
         rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row
@@ -170,8 +173,10 @@ class FrameScheduler:
         observations = [inputs.observation_from_arrays(item.arrays, config) for item in frame_inputs]
         obs = jax.tree.map(lambda *column: np.concatenate(column), *[observations[r] for r in rows])
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
+        guidance = [item.guidance for item in frame_inputs]
         cache = self.engine.prefill(obs)
-        actions = self.engine.to_host(self.engine.denoise(cache, noise, self.num_steps))[:n]
+        guided = guidance if any(row is not None for row in guidance) else ()
+        actions = self.engine.to_host(self.engine.denoise(cache, noise, self.num_steps, guided))[:n]
         queued = [(request, cache, row) for row, item in enumerate(frame_inputs) for request in item.requests]
         tasks = [
             (request, suffix, row) for row, item in enumerate(frame_inputs) for request, suffix in item.tasks
@@ -198,6 +203,20 @@ class FrameScheduler:
         shape = (1, self.engine.config.action_horizon, self.engine.config.action_dim)
         return self._rng.standard_normal(shape, dtype=np.float32)
 
+    def prefill_sizes(self) -> list[int]:
+        """Every padded batch size `act` can prefill."""
+        data = self.engine.data_size
+        return sorted({bucket(n, self.max_prefill_batch, data) for n in range(1, self.max_prefill_batch + 1)})
+
+    def warm_up_guided(self, example: dict[str, np.ndarray]) -> None:
+        """Compiles the guided denoiser for every prefill size (one guided row, the others plain), so
+        robots with real-time chunking join and leave without compiling."""
+        config = self.engine.config
+        prev_chunk = np.zeros((config.action_horizon, config.action_dim), np.float32)
+        guided = FrameInput(example, guidance=ChunkGuidance(prev_chunk, 1, config.action_horizon))
+        for size in self.prefill_sizes():
+            self.act([guided] + [FrameInput(example) for _ in range(size - 1)])
+
     def warmup(self, example: dict[str, np.ndarray]) -> None:
         """Sizes the batch state to the example's prefix (its masked cameras are left out, as in every
         frame of that robot), compiles every shape steady state can meet (each prefill bucket, each
@@ -206,9 +225,7 @@ class FrameScheduler:
         obs = inputs.observation_from_arrays(example, self.engine.config)
         self.manager.fit_prefix(self.engine.prefix_len(obs) + self.task_suffix_len)
         data = self.engine.data_size
-        sizes = sorted(
-            {bucket(n, self.max_prefill_batch, data) for n in range(1, self.max_prefill_batch + 1)}
-        )
+        sizes = self.prefill_sizes()
         slots = self.manager.max_slots
         saved_policy, self.k_policy = self.k_policy, FixedK(1)
         request_id = -1

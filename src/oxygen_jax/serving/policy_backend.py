@@ -13,7 +13,10 @@ the text stream); they are taken out before the robot transforms see the observa
   loop prefills the observations that wait together and decodes all robots' language requests in one
   batch state (see `serving/session.py` for the reply's text fields). `max_text_tokens`, `temperature`
   and `top_p` apply to the language request a request starts, and `text_tasks` makes it one request per
-  task (with a session that takes them).
+  task (with a session that takes them). A request may carry `rtc` (real-time chunking, the `rtc`
+  protocol of `client/protocol.py`): its reply is guided towards the connection's last chunk, and every
+  reply carries `chunk_id`, `start` and `stale`; a bad `rtc` is a bad request of that robot only.
+  `PolicyServerBackend` refuses `rtc` (it keeps no per-connection state).
 """
 
 import asyncio
@@ -23,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import Policy, RequestOptions
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
@@ -61,10 +65,10 @@ def _robot_id(value: Any) -> str | None:
     return value
 
 
-def _split_tasks(obs: dict) -> tuple[dict, Any]:
-    """(the request without `text_tasks`, its `text_tasks` or None)."""
+def _split(obs: dict, key: str) -> tuple[dict, Any]:
+    """(the request without `key`, its value or None)."""
     obs = dict(obs)
-    return obs, obs.pop("text_tasks", None)
+    return obs, obs.pop(key, None)
 
 
 class PolicyServerBackend:
@@ -78,7 +82,9 @@ class PolicyServerBackend:
         return self._policy.metadata
 
     def infer(self, obs: dict) -> dict:
-        obs, text_tasks = _split_tasks(obs)
+        obs, text_tasks = _split(obs, "text_tasks")
+        if protocol.RTC in obs:
+            raise InvalidRequest("rtc: real-time chunking needs the streaming server (--language=stream)")
         obs, options, _ = _split_request(obs)
         result = self._policy.infer(obs, text_tasks=text_tasks, **options)
         if "text" in result:
@@ -105,7 +111,8 @@ class SessionServerBackend:
         return self._session.metadata
 
     async def infer_async(self, obs: dict) -> dict:
-        obs, text_tasks = _split_tasks(obs)
+        obs, text_tasks = _split(obs, "text_tasks")
+        obs, rtc = _split(obs, protocol.RTC)
         obs, options, robot_id = _split_request(obs)
         client = asyncio.current_task()
         if client not in self._clients:
@@ -117,7 +124,7 @@ class SessionServerBackend:
         def answer(result: dict | Exception) -> None:
             loop.call_soon_threadsafe(_settle, reply, result)
 
-        request = RobotRequest(client, obs, RequestOptions(text_tasks=text_tasks, **options), robot_id)
+        request = RobotRequest(client, obs, RequestOptions(text_tasks=text_tasks, **options), robot_id, rtc)
         await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
         return await reply
 

@@ -20,6 +20,14 @@ decoding after its instruction appended to the observation's prefix (one extensi
 replies carry `texts` and `texts_tokens` (task name -> text so far), `text_done` (every task finished)
 and `text_request_ids` (task name -> request id).
 
+Real-time chunking (`rtc` protocol, `policies/rtc.py`): each robot keeps its last chunk in model space
+(`RobotChunks`); a request with an `rtc` entry is guided towards that chunk aligned by the actions the
+robot executed, in the same batch as everyone else's (the batch runs the guided program once, other rows
+plain). Every reply carries `chunk_id`, `start` (the new chunk's index the robot switches at; 0 without
+`rtc`) and `stale` (a newer request of the robot arrived before it was answered). A bad `rtc` is that
+request's `InvalidRequest`. An `rtc` without `delay` gets the robot's last latency (receipt to reply)
+in control steps of its stated `control_hz`.
+
 `subscribe` pushes a `TextEvent` for every chunk of new tokens and every finished request, from the
 output thread. Actions equal `Policy.infer`'s with the same noise. The first request compiles every shape
 steady state can meet (`warmup`), so later ones never compile.
@@ -31,12 +39,16 @@ import functools
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from oxygen_jax.client import protocol
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import MAX_TASK_TOKENS, Policy, PreparedRequest, RequestOptions, Speech
+from oxygen_jax.policies.rtc import RobotChunks
 from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork
 from oxygen_jax.runtime.requests import TextRequest, TextResult
@@ -53,13 +65,15 @@ class RobotRequest:
     `client` names the robot: its language request lives across the requests that carry the same client.
     `robot_id` labels it in replies and text events (default `robot-<n>`, kept from its first request).
     The text options apply to the language request this one starts, if it starts one;
-    `max_text_tokens=0` starts none.
+    `max_text_tokens=0` starts none. `rtc`: the request's real-time-chunking entry (the `rtc` protocol,
+    `client/protocol.py`), None for plain actions.
     """
 
     client: Hashable
     obs: Mapping[str, Any]
     options: RequestOptions = dataclasses.field(default_factory=RequestOptions)
     robot_id: str | None = None
+    rtc: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,21 +121,26 @@ class _Group:
 @dataclasses.dataclass
 class _Robot:
     """One connected robot: its name, how many of its observations reached the runtime (refused requests
-    do not count) and its language requests still to report."""
+    do not count), its language requests still to report and its real-time-chunking state."""
 
     robot_id: str
     observations: int = 0  # the next observation's index
     groups: list[_Group] = dataclasses.field(default_factory=list)  # to report, oldest first
+    chunks: RobotChunks = dataclasses.field(default_factory=RobotChunks)
 
 
 class MultiRobotSession:
     """One Policy and one `Runtime` shared by every robot."""
 
-    def __init__(self, policy: Policy, config: RuntimeConfig, *, max_text_tasks: int = 0) -> None:
+    def __init__(
+        self, policy: Policy, config: RuntimeConfig, *, max_text_tasks: int = 0, rtc: bool = True
+    ) -> None:
         """config: the runtime (slots, loop, k, prefill batch, gather time); its text budget, denoising
         steps and room for text tasks come from the policy and `max_text_tasks` (the most `text_tasks`
-        one request may carry; 0: none, else warm-up also compiles the extension shapes)."""
+        one request may carry; 0: none, else warm-up also compiles the extension shapes). rtc: take
+        real-time-chunking requests (warm-up then compiles the guided denoiser too)."""
         self._policy = policy
+        self._rtc = rtc
         language = policy.max_text_tokens > 0
         self._max_text_tasks = max_text_tasks if language else 0
         config = dataclasses.replace(
@@ -131,6 +150,7 @@ class MultiRobotSession:
             num_steps=policy.num_steps,
             task_suffix_len=MAX_TASK_TOKENS if self._max_text_tasks else 0,
             max_frame_tasks=config.max_prefill_batch * self._max_text_tasks,
+            guided=rtc,
         )
         self._runtime = runtime.build(
             policy.engine, config, detokenize=policy.detokenize, expected_senders=lambda: len(self._robots)
@@ -161,6 +181,7 @@ class MultiRobotSession:
             "max_slots": self._runtime.manager.max_slots,
             "max_batch": self.max_batch,
             "max_text_tasks": self._max_text_tasks,
+            "rtc": self._rtc,
         }
 
     def start(self) -> "MultiRobotSession":
@@ -225,16 +246,25 @@ class MultiRobotSession:
                 self._runtime.cancel(speech.request_id)
 
     def _work(self, request: RobotRequest, answer: Answer) -> ObservationWork | None:
-        """Prepares one request; a robot without a language request in flight starts one on this
-        observation. None (and the refusal answered) when the request fails."""
+        """Prepares one request (guided when it carries `rtc`); a robot without a language request in
+        flight starts one on this observation. None (and the refusal answered) when the request fails."""
+        received = time.perf_counter()
+        with self._lock:
+            chunks = self._robot(request).chunks
         try:
-            prepared = self._policy.prepare(request.obs, request.options, max_tasks=self._max_text_tasks)
+            if request.rtc is not None and not self._rtc:
+                raise InvalidRequest("rtc: this server does not take real-time-chunking requests")
+            guidance, start = chunks.guidance(request.rtc, self._policy.engine.config.action_horizon)
+            options = dataclasses.replace(request.options, guidance=guidance)
+            prepared = self._policy.prepare(request.obs, options, max_tasks=self._max_text_tasks)
         except Exception as error:  # InvalidRequest: the client's fault; anything else: the server's
             answer(error)
             return None
+        arrival = chunks.arrive()  # a refused request leaves the robot's earlier replies current
         if not self._warm:
             self._warm_up(prepared.arrays)
-        frame_input = FrameInput(prepared.arrays, prepared.noise)
+            received = time.perf_counter()  # the one-time compilation is no latency to plan a delay with
+        frame_input = FrameInput(prepared.arrays, prepared.noise, guidance=prepared.guidance)
         with self._lock:
             robot = self._robot(request)
             index = robot.observations
@@ -261,7 +291,11 @@ class MultiRobotSession:
                 robot.groups.append(group)
 
         def on_actions(reply: ActionReply) -> None:
-            answer(self._reply(request.client, robot, index, prepared, group, reply))
+            result = self._reply(request.client, robot, index, prepared, group, reply)
+            if not isinstance(result, Exception):
+                result.update(chunks.answered(arrival, reply.actions, time.perf_counter() - received))
+                result[protocol.START] = start
+            answer(result)
 
         return ObservationWork(frame_input, on_actions, sender=request.client)
 
