@@ -29,7 +29,7 @@ _LATENCY = flags.DEFINE_float(
 _HORIZON = flags.DEFINE_integer(
     "execution_horizon",
     None,
-    "Actions left in a chunk when the next is asked for (default H/2).",
+    "Actions left in a chunk when the next is asked for (default H/2 + 1).",
     lower_bound=0,
 )
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run.", lower_bound=1)
@@ -50,7 +50,9 @@ def main(_):
             delay_steps=delay,
             episodes=_EPISODES.value,
             seed=_SEED.value,
-            execution_horizon=horizon // 2 if _HORIZON.value is None else _HORIZON.value,
+            execution_horizon=closed_loop.default_execution_horizon(horizon)
+            if _HORIZON.value is None
+            else _HORIZON.value,
         )
     except ValueError as error:
         cli.fail(str(error))

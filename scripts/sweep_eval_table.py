@@ -30,7 +30,12 @@ def main(_):
     out.mkdir(parents=True, exist_ok=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
     rows = closed_loop_sweep.sweep(
-        policy, out, delays=delays, episodes=_EPISODES.value, seed=_SEED.value, execution_horizon=horizon // 2
+        policy,
+        out,
+        delays=delays,
+        episodes=_EPISODES.value,
+        seed=_SEED.value,
+        execution_horizon=closed_loop.default_execution_horizon(horizon),
     )
     for row in rows:
         print(

@@ -214,6 +214,12 @@ def _noisy_infer(
     return lambda obs: rtc.infer(obs, noise=rng.standard_normal(shape).astype(np.float32))
 
 
+def default_execution_horizon(horizon: int) -> int:
+    """H/2 + 1 actions left when the next chunk is asked for, in every mode: up to d = H/2 the old chunk
+    still has an action for the step the new chunk starts at, so naive's and rtc's jumps are measured."""
+    return horizon // 2 + 1
+
+
 def load_policy(config_name: str, checkpoint_dir: str | None) -> Policy:
     """The policy the closed loop drives: float32 params, actions only."""
     return create_policy(config_name, checkpoint_dir, params_dtype="float32", max_text_tokens=0)
