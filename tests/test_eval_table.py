@@ -191,3 +191,17 @@ def test_plot_draws_every_mode(tmp_path):
     path = tmp_path / "plot.png"
     closed_loop_sweep.plot(rows, path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_render_draws_the_block_the_cube_and_the_gripper():
+    scene = next(detour.scenes(6))
+    gripper = scene.path("right")[3]
+    image = detour.render(scene, gripper)
+
+    def pixel(xy):
+        return image[int(xy[1] * 224), int(xy[0] * 224)].tolist()
+
+    assert pixel(scene.block) == [110, 110, 110]
+    assert pixel(scene.goal) == [215, 40, 40]
+    assert pixel(gripper) == pixel(gripper + np.array([detour.GRIPPER_RADIUS * 0.9, 0])) == [30, 30, 30]
+    assert scene.observation(gripper)["prompt"] == detour.PROMPT

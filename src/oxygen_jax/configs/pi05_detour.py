@@ -13,12 +13,15 @@ def get_config():
     c.name = "pi05_detour"
     c.asset_id = "table_detour"
     c.engine.max_new_tokens = 0
+    # The gripper position also reaches the model as text (pi0.5's discrete state), with the prompt.
+    c.model.discrete_state_input = True
+    c.model.max_token_len = 32
     c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_detour")
     # Actions only (no subtask text): openpi's flow loss over the table robot's 2 action dims.
     t = c.training
     t.text_loss_weight = 0.0
-    t.num_train_steps = 2500
-    t.decay_steps = 2500
+    t.num_train_steps = 3000
+    t.decay_steps = 3000
     c.data.subtask = None
     c.data.text_fraction = 1.0
     return c

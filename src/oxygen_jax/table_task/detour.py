@@ -29,6 +29,8 @@ _SPLIT_Y = 0.78  # where the demonstrations leave the straight line toward the b
 _SIDE_OFFSET = 0.32  # x distance of the waypoint beside the block from the block's centre
 _START_Y = 0.9
 _GREY = (110, 110, 110)
+_DARK = (30, 30, 30)
+GRIPPER_RADIUS = 0.07
 _RED = table_scenes.COLOURS["red"]
 # Seeds of the scene streams: held-out scenes never appear in training data.
 TRAIN_SEED = 0
@@ -99,7 +101,8 @@ def scenes(seed: int) -> Iterator[DetourScene]:
 
 
 def render(scene: DetourScene, gripper: np.ndarray) -> np.ndarray:
-    """uint8 [224, 224, 3]: the table, the grey block, the red cube and the gripper as a dark ring."""
+    """uint8 [224, 224, 3]: the table, the grey block, the red cube and the gripper as a dark disc (filled
+    and wider than the demo's ring, so that the patches it covers tell its position finely)."""
     size = table_scenes.IMAGE_SIZE
     image = np.broadcast_to(table_scenes.TABLE_RGB, (size, size, 3)).copy()
     grid = (np.arange(size) + 0.5) / size
@@ -110,5 +113,6 @@ def render(scene: DetourScene, gripper: np.ndarray) -> np.ndarray:
         rows = np.abs(grid - centre[1]) <= half[1]
         columns = np.abs(grid - centre[0]) <= half[0]
         image[np.ix_(rows, columns)] = colour
-    table_scenes.draw_gripper(image, gripper)
+    distance = np.hypot(grid[None, :] - gripper[0], grid[:, None] - gripper[1])
+    image[distance <= GRIPPER_RADIUS] = _DARK
     return image

@@ -97,15 +97,9 @@ def render(scene: Scene, gripper: np.ndarray) -> np.ndarray:
         rows = np.abs(grid - cy) <= CUBE_HALF
         columns = np.abs(grid - cx) <= CUBE_HALF
         image[np.ix_(rows, columns)] = COLOURS[colour]
-    draw_gripper(image, gripper)
-    return image
-
-
-def draw_gripper(image: np.ndarray, gripper: np.ndarray) -> None:
-    """Draws the gripper at (x, y) into `image` [224, 224, 3] in place, as a dark ring."""
-    grid = (np.arange(IMAGE_SIZE) + 0.5) / IMAGE_SIZE
     distance = np.hypot(grid[None, :] - gripper[0], grid[:, None] - gripper[1])
     image[(distance <= _GRIPPER_RADIUS) & (distance >= _GRIPPER_RADIUS * 0.55)] = (30, 30, 30)
+    return image
 
 
 def model_stream(cfg, checkpoint_dir: str | None, seed: int = 0) -> Iterator[tuple[Scene, dict]]:
