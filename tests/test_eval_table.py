@@ -20,6 +20,14 @@ def _beside_block(scene: detour.DetourScene, path: np.ndarray) -> np.ndarray:
     return path[np.abs(path[:, 1] - scene.block[1]) <= detour.BLOCK_HALF[1]]
 
 
+def _distance_to_block(scene: detour.DetourScene, path: np.ndarray) -> float:
+    """The least distance from the block of the path's straight moves (sampled finely)."""
+    t = np.linspace(0, 1, 64)[:, None, None]
+    points = (path[:-1] + t * (path[1:] - path[:-1])).reshape(-1, 2)
+    outside = np.maximum(np.abs(points - scene.block) - detour.BLOCK_HALF, 0)
+    return float(np.linalg.norm(outside, axis=1).min())
+
+
 def test_both_sides_reach_the_cube_in_several_chunks_without_crossing_the_block():
     for scene in itertools.islice(detour.scenes(5), 300):
         # The straight line is blocked: a reach must go around.
@@ -31,18 +39,19 @@ def test_both_sides_reach_the_cube_in_several_chunks_without_crossing_the_block(
             steps = np.linalg.norm(np.diff(path, axis=0), axis=1)
             assert steps.max() <= detour.SPEED + 1e-6
             assert not any(scene.collides(a, b) for a, b in itertools.pairwise(path))
+            assert _distance_to_block(scene, path) >= 0.05
             beside = _beside_block(scene, path)[:, 0]
-            edge = detour.BLOCK_HALF[0] + detour.CLEARANCE
+            edge = detour.BLOCK_HALF[0] + 0.05
             if side == "left":
                 assert len(beside) and (beside < scene.block[0] - edge).all()
             else:
                 assert len(beside) and (beside > scene.block[0] + edge).all()
 
 
-def test_collides_catches_moves_through_or_into_the_grown_block_only():
+def test_collides_catches_moves_through_or_into_the_block_only():
     scene = next(detour.scenes(0))
     x, y = scene.block
-    reach = detour.BLOCK_HALF[0] + detour.CLEARANCE
+    reach = detour.BLOCK_HALF[0]
     assert scene.collides(np.array([x - 0.4, y]), np.array([x + 0.4, y]))  # straight through
     assert scene.collides(np.array([x, y + 0.3]), np.array([x, y]))  # ends inside
     assert scene.collides(np.array([x - reach + 0.005, y + 0.3]), np.array([x - reach + 0.005, y - 0.3]))

@@ -5,8 +5,8 @@ and a block stands between them. A demonstration first moves straight up toward 
 around it on a side drawn at random (left or right with equal chance) and on to the cube, at a constant
 speed of `SPEED` per control step, ~25 steps in all: several action chunks of 10, and two valid motions,
 so two chunks sampled near the block can disagree. The robot's actions are gripper positions (x, y in
-[0, 1]); the world moves the gripper toward each at most `MAX_MOVE` per step, and a gripper that enters
-the block (grown by `CLEARANCE`) has collided.
+[0, 1]); the world moves the gripper toward each at most `MAX_MOVE` per step, and a gripper whose centre
+enters the block has collided (the demonstrations keep at least 0.05 from it).
 """
 
 import dataclasses
@@ -20,7 +20,6 @@ PROMPT = "reach the red cube around the block"
 SIDES = ("left", "right")
 SPEED = 0.04  # table units per control step in the demonstrations
 MAX_MOVE = 0.08  # the most the gripper moves in one step toward its commanded position
-CLEARANCE = 0.03  # how far from the block the gripper's centre must stay
 SUCCESS_RADIUS = 0.05  # the reach succeeds when the gripper's centre is this close to the cube's
 HOLD_STEPS = 3  # frames at the cube that end each demonstration
 BLOCK_HALF = np.array([0.12, 0.07], np.float32)
@@ -62,9 +61,8 @@ class DetourScene:
         return np.stack(xy, axis=1).astype(np.float32)
 
     def collides(self, a: np.ndarray, b: np.ndarray) -> bool:
-        """Whether the straight move from a to b passes through the block grown by `CLEARANCE`."""
-        low = self.block - BLOCK_HALF - CLEARANCE
-        high = self.block + BLOCK_HALF + CLEARANCE
+        """Whether the straight move from a to b passes through the block."""
+        low, high = self.block - BLOCK_HALF, self.block + BLOCK_HALF
         # Slab test of the segment a + t (b - a), t in [0, 1], against the box [low, high].
         delta = np.asarray(b, np.float64) - np.asarray(a, np.float64)
         t_in, t_out = 0.0, 1.0
