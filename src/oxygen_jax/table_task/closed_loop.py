@@ -18,9 +18,9 @@ import tqdm
 from oxygen_jax.client import Executor, ExecutorConfig
 from oxygen_jax.policies.policy import Policy, create_policy
 from oxygen_jax.policies.rtc import RtcPolicy
-from oxygen_jax.table_task import detour
+from oxygen_jax.table_task import dataset, detour
 
-CONTROL_HZ = 10.0  # the demonstrations' rate (LeRobot fps of the detour dataset)
+CONTROL_HZ = float(dataset.FPS)  # the demonstrations' rate
 MAX_STEPS = 120  # control steps per episode: ~5x a demonstration's length
 
 
