@@ -20,6 +20,7 @@ def get_config():
     # Actions only (no subtask text): openpi's flow loss over the table robot's 2 action dims.
     t = c.training
     t.text_loss_weight = 0.0
+    # The shipped checkpoint is this run resumed to 6000 steps with decay_steps=6000 (docs/training.md).
     t.num_train_steps = 3000
     t.decay_steps = 3000
     c.data.subtask = None
