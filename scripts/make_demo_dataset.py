@@ -5,26 +5,32 @@
 
 Each scene is one episode: the gripper moving straight to the cube the prompt names, with the true
 subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_task.scenes).
+`--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
+gripper going around a block on a random side, see oxygen_jax.table_task.detour).
 """
 
 from absl import flags
 
 from oxygen_jax import cli
-from oxygen_jax.table_task import dataset, scenes
+from oxygen_jax.table_task import dataset, detour_dataset, scenes
 
+_RECORDERS = {"table": dataset, "detour": detour_dataset}
 _OUT = flags.DEFINE_string("out", None, "New folder for the dataset.", required=True)
+_TASK = flags.DEFINE_enum("task", "table", list(_RECORDERS), "table (pi05_demo) or detour (pi05_detour).")
 _SCENES = flags.DEFINE_integer(
-    "scenes", dataset.TRAIN_SCENES, "Episodes, one scene each (the shipped model's).", lower_bound=1
+    "scenes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
 )
 _SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out scenes use another).")
 
 
 def main(_):
+    recorder = _RECORDERS[_TASK.value]
+    num_scenes = _SCENES.value or recorder.TRAIN_SCENES
     try:
-        root = dataset.record_dataset(_OUT.value, _SCENES.value, _SEED.value)
+        root = recorder.record_dataset(_OUT.value, num_scenes, _SEED.value)
     except FileExistsError as error:
         cli.fail(str(error))
-    print(f"wrote {_SCENES.value} episodes to {root}")
+    print(f"wrote {num_scenes} episodes to {root}")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ STEPS = 5
 # Seeds of the scene streams: held-out scenes never appear in training data.
 TRAIN_SEED = 0
 HELD_OUT_SEED = 1_000_003
-_TABLE = np.array([196, 164, 118], np.uint8)
-_CUBE_HALF = 0.07
+TABLE_RGB = np.array([196, 164, 118], np.uint8)
+CUBE_HALF = 0.07
 _GRIPPER_RADIUS = 0.05
 
 
@@ -91,11 +91,11 @@ def scenes(seed: int) -> Iterator[Scene]:
 
 def render(scene: Scene, gripper: np.ndarray) -> np.ndarray:
     """uint8 [224, 224, 3]: the table, the three cubes and the gripper as a dark ring."""
-    image = np.broadcast_to(_TABLE, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
+    image = np.broadcast_to(TABLE_RGB, (IMAGE_SIZE, IMAGE_SIZE, 3)).copy()
     grid = (np.arange(IMAGE_SIZE) + 0.5) / IMAGE_SIZE
     for colour, (cx, cy) in zip(scene.colours, scene.positions, strict=True):
-        rows = np.abs(grid - cy) <= _CUBE_HALF
-        columns = np.abs(grid - cx) <= _CUBE_HALF
+        rows = np.abs(grid - cy) <= CUBE_HALF
+        columns = np.abs(grid - cx) <= CUBE_HALF
         image[np.ix_(rows, columns)] = COLOURS[colour]
     distance = np.hypot(grid[None, :] - gripper[0], grid[:, None] - gripper[1])
     image[(distance <= _GRIPPER_RADIUS) & (distance >= _GRIPPER_RADIUS * 0.55)] = (30, 30, 30)

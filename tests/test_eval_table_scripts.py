@@ -1,0 +1,72 @@
+"""scripts/eval_table.py and scripts/sweep_eval_table.py end to end on the shipped detour model: the
+results.json fields, a one-line error for bad flags, and the sweep's files and plot."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from conftest import SCRIPTS
+
+pytestmark = pytest.mark.integration  # runs scripts on the shipped model: the second tier
+
+_FIELDS = {
+    "success_rate",
+    "mean_steps",
+    "switch_jump_mean",
+    "switch_jump_max",
+    "jerk_mean",
+    "execution",
+    "delay_steps",
+    "action_horizon",
+    "episodes",
+}
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPTS / f"{script}.py"), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_eval_table_writes_results_json(tmp_path):
+    run = _run(
+        "eval_table", "--execution=rtc", "--latency_ms=250", "--episodes=3", "--seed=1", f"--out={tmp_path}"
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) >= _FIELDS
+    assert (results["execution"], results["delay_steps"], results["episodes"]) == ("rtc", 3, 3)
+    assert results["action_horizon"] == 10 and results["execution_horizon"] == 6
+    assert 0 <= results["success_rate"] <= 1 and results["jerk_mean"] > 0
+    # Three episodes of ~25 steps switch chunks several times each, and the old chunk covers the switch.
+    assert results["switches"] >= 6 and 0 <= results["switch_jump_mean"] <= results["switch_jump_max"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--delay_steps=2", "--latency_ms=200"], "exactly one of --delay_steps and --latency_ms"),
+        (["--delay_steps=10"], "delay_steps must lie in [0, 9]"),
+        (["--delay_steps=7", "--execution=naive"], "exceeds execution_horizon 6"),
+    ],
+)
+def test_eval_table_refuses_bad_flags_in_one_line(tmp_path, flags, message):
+    run = _run("eval_table", *flags, "--episodes=1", f"--out={tmp_path}")
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("error: ") and message in run.stderr
+
+
+def test_sweep_writes_every_run_and_the_plot(tmp_path):
+    run = _run("sweep_eval_table", "--delays=0,2", "--episodes=1", f"--out={tmp_path}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [(r["execution"], r["delay_steps"]) for r in rows] == [
+        (mode, d) for mode in ("sync", "naive", "rtc") for d in (0, 2)
+    ]
+    for row in rows:
+        saved = json.loads(
+            (tmp_path / f"{row['execution']}_d{row['delay_steps']}" / "results.json").read_text()
+        )
+        assert saved == row
+    png = (tmp_path / "closed_loop.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
