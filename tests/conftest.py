@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from oxygen_jax import checkpoints, config
+from oxygen_jax.client import SimClock
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import create_policy
 
@@ -236,23 +237,10 @@ def infer_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
 
 
-class FakeClock:
-    """A control loop's clock that moves only when the loop sleeps: deterministic, no real waiting."""
-
-    def __init__(self):
-        self.t = 0.0
-
-    def now(self) -> float:
-        return self.t
-
-    def sleep_until(self, deadline: float) -> None:
-        self.t = max(self.t, deadline)
-
-
 class FakePending:
-    """A reply that arrives at `ready_at` on a `FakeClock`; reading it earlier is the executor's bug."""
+    """A reply that arrives at `ready_at` on a `SimClock`; reading it earlier is the executor's bug."""
 
-    def __init__(self, clock: FakeClock, ready_at: float, reply: dict):
+    def __init__(self, clock: SimClock, ready_at: float, reply: dict):
         self.clock, self.ready_at, self.reply = clock, ready_at, reply
 
     def done(self) -> bool:

@@ -10,16 +10,16 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import FakeClock, FakePending
+from conftest import FakePending
 
-from oxygen_jax.client import Executor, ExecutorConfig, protocol
+from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 
 H = 10
 HZ = 10.0  # one tick every 0.1 s
 
 
 class FakeServer:
-    def __init__(self, clock: FakeClock, latency_s: float, stale_every: int = 0, first_latency_s=None):
+    def __init__(self, clock: SimClock, latency_s: float, stale_every: int = 0, first_latency_s=None):
         self.clock, self.latency_s, self.stale_every = clock, latency_s, stale_every
         self.first_latency_s = latency_s if first_latency_s is None else first_latency_s
         self.observations: list[dict] = []
@@ -60,7 +60,7 @@ class FakeRobot:
 
 
 def _run(mode: str, ticks: int, latency_s: float = 0.25, execution_horizon: int = 4, **config):
-    clock = FakeClock()
+    clock = SimClock()
     server = FakeServer(clock, latency_s, config.pop("stale_every", 0), config.pop("first_latency_s", None))
     robot = FakeRobot()
     executor_config = ExecutorConfig(HZ, execution_horizon, mode, **config)

@@ -5,9 +5,9 @@ import time
 
 import numpy as np
 import pytest
-from conftest import E2E, FakeClock, FakePending, GoldenRobot, make_policy, raw_observation
+from conftest import E2E, FakePending, GoldenRobot, make_policy, raw_observation
 
-from oxygen_jax.client import Executor, ExecutorConfig, protocol
+from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import RequestOptions
@@ -136,7 +136,7 @@ def _wait_for(condition) -> None:
 class _LocalServer:
     """RtcPolicy.infer computed at once, its reply due `latency_s` later on the fake clock."""
 
-    def __init__(self, rtc_policy: RtcPolicy, clock: FakeClock, latency_s: float):
+    def __init__(self, rtc_policy: RtcPolicy, clock: SimClock, latency_s: float):
         self.rtc_policy, self.clock, self.latency_s = rtc_policy, clock, latency_s
         self.requests: list[dict] = []
 
@@ -147,7 +147,7 @@ class _LocalServer:
 
 
 def _drive(policy, mode: str) -> tuple:
-    clock = FakeClock()
+    clock = SimClock()
     server = _LocalServer(RtcPolicy(policy), clock, latency_s=0.25)
     robot = GoldenRobot()
     config = ExecutorConfig(control_hz=10.0, execution_horizon=4, mode=mode)

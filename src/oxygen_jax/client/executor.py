@@ -66,6 +66,20 @@ class MonotonicClock:
         time.sleep(max(0.0, deadline - time.monotonic()))
 
 
+class SimClock:
+    """Simulated time: `sleep_until` moves the clock forward instead of waiting (closed-loop evaluation,
+    tests)."""
+
+    def __init__(self):
+        self._now = 0.0
+
+    def now(self) -> float:
+        return self._now
+
+    def sleep_until(self, deadline: float) -> None:
+        self._now = max(self._now, deadline)
+
+
 class ThreadedRequests:
     """`policy.infer(obs)` on one background thread: the control loop keeps running meanwhile."""
 

@@ -15,26 +15,13 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from oxygen_jax.client import Executor, ExecutorConfig
+from oxygen_jax.client import Executor, ExecutorConfig, SimClock
 from oxygen_jax.policies.policy import Policy, create_policy
 from oxygen_jax.policies.rtc import RtcPolicy
 from oxygen_jax.table_task import dataset, detour
 
 CONTROL_HZ = float(dataset.FPS)  # the demonstrations' rate
 MAX_STEPS = 120  # control steps per episode: ~5x a demonstration's length
-
-
-class SimClock:
-    """Simulated time: `sleep_until` moves the clock forward instead of waiting."""
-
-    def __init__(self):
-        self._now = 0.0
-
-    def now(self) -> float:
-        return self._now
-
-    def sleep_until(self, deadline: float) -> None:
-        self._now = max(self._now, deadline)
 
 
 @dataclasses.dataclass(frozen=True)
