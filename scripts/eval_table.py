@@ -1,64 +1,6 @@
-"""Closed-loop evaluation of a table policy on the detour task under simulated inference latency.
+"""`oxygen-eval-table` from a checkout: the tool lives in `oxygen_jax.tools.eval_table`."""
 
-  python scripts/eval_table.py --execution=rtc --delay_steps=5 --episodes=50 --seed=0 --out=DIR
-
-The gripper must reach a red cube behind a block, around either side (oxygen_jax.table_task.detour). The
-robot runs `client.Executor` in the given mode on a simulated clock: while the next chunk is inferred the
-world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
-DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
-delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon).
-"""
-
-import pathlib
-
-from absl import app, flags
-
-from oxygen_jax import cli, config
-from oxygen_jax.client import MODES
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep
-
-_CONFIG = flags.DEFINE_string(
-    "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
-)
-_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "Checkpoint (default: the config's shipped one).")
-_EXECUTION = flags.DEFINE_enum("execution", "rtc", list(MODES), "How the robot switches between chunks.")
-_DELAY = flags.DEFINE_integer("delay_steps", None, "Control steps one inference takes (d).", lower_bound=0)
-_LATENCY = flags.DEFINE_float(
-    "latency_ms", None, "Inference latency; d = ceil(latency * 10 Hz).", lower_bound=0
-)
-_HORIZON = flags.DEFINE_integer(
-    "execution_horizon",
-    None,
-    "Actions left in a chunk when the next is asked for (default H/2 + 1).",
-    lower_bound=0,
-)
-_EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run.", lower_bound=1)
-_SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
-_OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
-
-
-def main(_):
-    if (_DELAY.value is None) == (_LATENCY.value is None):
-        cli.fail("give exactly one of --delay_steps and --latency_ms")
-    delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
-    horizon = config.load_config(_CONFIG.value).model.action_horizon
-    policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
-    try:
-        results = closed_loop.evaluate(
-            policy,
-            execution=_EXECUTION.value,
-            delay_steps=delay,
-            episodes=_EPISODES.value,
-            seed=_SEED.value,
-            execution_horizon=closed_loop.default_execution_horizon(horizon)
-            if _HORIZON.value is None
-            else _HORIZON.value,
-        )
-    except ValueError as error:
-        cli.fail(str(error))
-    path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
-    print(f"wrote {path}")
-
+from oxygen_jax.tools import eval_table
 
 if __name__ == "__main__":
-    app.run(main)
+    eval_table.run()

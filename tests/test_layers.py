@@ -19,6 +19,7 @@ LAYERS = {
     "evaluation": 5,
     "benchmarks": 5,
     "training": 5,
+    "tools": 6,  # the command-line tools: the top, imported by nothing in the package
 }
 # Beside the stack, importable from any layer: the top-level modules (config, checkpoints, params,
 # tokenizer, cli, ...), configs/ and the LeRobot dataset format.

@@ -1,24 +1,24 @@
-"""Every script's `--help` renders its flags' text as written: absl prints help strings verbatim, so a
-`%%` (printf's escape) would reach the user as `%%`."""
+"""Every tool's `--help` renders its flags' text as written: absl prints help strings verbatim, so a
+`%%` (printf's escape) would reach the user as `%%`. The tools run as `python -m oxygen_jax.tools.<tool>`
+(what the console scripts call); the checkout's remaining scripts run by path."""
 
 import subprocess
 import sys
 
 import pytest
-from conftest import SCRIPTS
+from conftest import ROOT, SCRIPTS
 
+TOOLS = sorted(p.stem for p in (ROOT / "src" / "oxygen_jax" / "tools").glob("*.py") if p.stem != "__init__")
 SCRIPTS_WITH_FLAGS = sorted(p.name for p in SCRIPTS.glob("*.py") if "flags.DEFINE_" in p.read_text())
+COMMANDS = [["-m", f"oxygen_jax.tools.{tool}"] for tool in TOOLS]
+COMMANDS += [[str(SCRIPTS / script)] for script in SCRIPTS_WITH_FLAGS]
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("script", SCRIPTS_WITH_FLAGS)
-def test_help_prints_percent_signs_once(script):
+@pytest.mark.parametrize("command", COMMANDS, ids=TOOLS + SCRIPTS_WITH_FLAGS)
+def test_help_prints_percent_signs_once(command):
     run = subprocess.run(
-        [sys.executable, str(SCRIPTS / script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+        [sys.executable, *command, "--help"], capture_output=True, text=True, timeout=120, check=False
     )
     assert "flags:" in run.stdout, run.stderr[-2000:]
     assert "%%" not in run.stdout

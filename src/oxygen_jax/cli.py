@@ -141,7 +141,7 @@ def define_decode_step_flags() -> DecodeStepFlags:
 
 @dataclasses.dataclass(frozen=True)
 class PolicyFlags:
-    """The evaluation scripts' policy: in-process (`--policy=local`) or a scripts/serve.py server."""
+    """The evaluation scripts' policy: in-process (`--policy=local`) or an oxygen-serve server."""
 
     kind: flags.FlagHolder
     host: flags.FlagHolder
@@ -182,7 +182,7 @@ def define_policy_flags(default_config: str) -> PolicyFlags:
     return PolicyFlags(
         kind=_shown(
             flags.DEFINE_enum(
-                "policy", "local", ["local", "remote"], "In-process policy, or a scripts/serve.py server."
+                "policy", "local", ["local", "remote"], "In-process policy, or an oxygen-serve server."
             )
         ),
         host=_shown(flags.DEFINE_string("host", "127.0.0.1", "Policy server host for --policy=remote.")),
@@ -270,8 +270,15 @@ def parse_flags(argv: list[str]) -> list[str]:
         fail(f"the config has no field {field!r} (a --config.<field>=... override names it; see --helpfull)")
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-    """`app.run(main)` for the scripts: user mistakes (`UserError`) end it with one line on stderr."""
+def run(
+    main: Callable[[list[str]], None],
+    flags_parser: Callable[[list[str]], list[str]] = parse_flags,
+) -> None:
+    """`app.run(main)` for the tools: user mistakes (`UserError`) end it with one line on stderr, and
+    `--help` shows the tool module's docstring whichever way it was started (console script, `python -m`
+    or a checkout's `scripts/` wrapper)."""
+    tool = sys.modules[main.__module__]
+    sys.modules["__main__"].__doc__ = tool.__doc__
 
     def reporting_user_errors(argv: list[str]) -> None:
         try:
@@ -282,7 +289,7 @@ def run(main: Callable[[list[str]], None]) -> None:
     # JAX logs at INFO each accelerator plugin it probes and does not find (`Unable to initialize backend
     # 'tpu'`); that is no news on a machine without one, so only its warnings are shown.
     logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
-    app.run(reporting_user_errors, flags_parser=parse_flags)
+    app.run(reporting_user_errors, flags_parser=flags_parser)
 
 
 def fail(message: str) -> None:

@@ -1,0 +1,42 @@
+"""Write the demo table task's training data as a LeRobot dataset (what `pi05_demo` is trained on).
+
+  oxygen-make-demo-dataset --out=data/table_demo
+  oxygen-train --config=pi05_demo --dataset=data/table_demo --run_dir=runs/pi05_demo
+
+Each scene is one episode: the gripper moving straight to the cube the prompt names, with the true
+subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_task.scenes).
+`--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
+gripper going around a block on a random side, see oxygen_jax.table_task.detour).
+"""
+
+from absl import flags
+
+from oxygen_jax import cli
+from oxygen_jax.table_task import dataset, detour_dataset, scenes
+
+_RECORDERS = {"table": dataset, "detour": detour_dataset}
+_OUT = flags.DEFINE_string("out", None, "New folder for the dataset.", required=True)
+_TASK = flags.DEFINE_enum("task", "table", list(_RECORDERS), "table (pi05_demo) or detour (pi05_detour).")
+_SCENES = flags.DEFINE_integer(
+    "scenes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
+)
+_SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out scenes use another).")
+
+
+def main(_):
+    recorder = _RECORDERS[_TASK.value]
+    num_scenes = _SCENES.value or recorder.TRAIN_SCENES
+    try:
+        root = recorder.record_dataset(_OUT.value, num_scenes, _SEED.value)
+    except FileExistsError as error:
+        cli.fail(str(error))
+    print(f"wrote {num_scenes} episodes to {root}")
+
+
+def run() -> None:
+    """The `oxygen-make-demo-dataset` command."""
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,174 @@
+"""Serve a pi0.5 policy to openpi clients over websocket: actions, and language from the same prefill.
+
+  oxygen-serve --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24 --k=2
+  oxygen-serve --config=pi05_tiny --checkpoint_dir=../shared/golden/checkpoint --port=8001
+
+`--env` takes openpi's environment names in any case (`LIBERO`, `DROID`, `ALOHA`, `ALOHA_SIM`). It picks
+the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config` sets that
+config's robot transforms; `--config.x=...` overrides apply either way. An observation without a prompt
+gets `--default_prompt`, else the robot's as openpi's configs have it (`ALOHA_SIM`: "Transfer cube").
+`--record` saves each request and reply as openpi's `serve_policy.py --record` does.
+`--checkpoint_dir=default` serves openpi's default checkpoint for the env (downloaded into openpi's cache,
+as openpi does); without `--checkpoint_dir` the model is random-initialized (for smoke tests only).
+
+By default (`--language=stream`) several robots are served at once by one device loop: observations
+from different connections that arrive within `--gather_ms` (or as soon as every connected robot has one
+in) are prefilled together, up to `--max_batch`, and each reply leaves as soon as its actions are ready.
+Each robot's language request (`--max_text_tokens` > 0) decodes in a batch of `--max_slots` requests:
+with `--loop=async` (default) in chunks whenever no observation waits, each chunk short enough that an
+arriving observation waits at most `--max_action_delay_ms` (and `--k` tokens between two batches when
+robots call back to back); with `--loop=frame` (the paper's frame loop)
+`--k` tokens per frame (or as many as `--target_hz` leaves time for) before the frame's replies. Replies
+carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and websocket clients of `/text`
+on the same port receive every robot's tokens as they are produced. The first request compiles every
+shape (a one-time wait). `--language=inline` instead answers one request at a time and decodes its text
+to completion within it.
+"""
+
+from absl import flags, logging
+
+from oxygen_jax import cli, config
+from oxygen_jax.policies.policy import create_policy
+from oxygen_jax.runtime.runtime import RuntimeConfig
+from oxygen_jax.serving import recorder, websocket_server
+from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
+from oxygen_jax.serving.session import MultiRobotSession
+
+_ENV = flags.DEFINE_enum(
+    "env",
+    "libero",
+    ["libero", "droid", "aloha", "aloha_sim"],
+    "Robot (openpi's env names, any case); picks config pi05_<env>.",
+    case_sensitive=False,
+)
+_MODEL = cli.define_model_flags(
+    "pi05_libero",
+    checkpoint_help="openpi checkpoint: a path, a name in openpi's cache, a gs:// URL, or 'default' "
+    "(openpi's default for --env); random init when absent.",
+)
+_MAX_TEXT = cli.define_max_text_tokens()
+_DECODE = cli.define_decode_step_flags()
+_PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
+_HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
+_PROMPT = flags.DEFINE_string(
+    "default_prompt", None, "Prompt for observations that carry none (default: the robot's, if any)."
+)
+_RECORD = flags.DEFINE_bool("record", False, "Save each request and reply (openpi's policy records).")
+_RECORD_DIR = flags.DEFINE_string("record_dir", recorder.DEFAULT_RECORD_DIR, "Where --record writes.")
+_LANGUAGE = flags.DEFINE_enum(
+    "language", "stream", ["stream", "inline"], "Stream text across frames, or decode it within each request."
+)
+_LOOP = flags.DEFINE_enum(
+    "loop",
+    "async",
+    ["async", "frame"],
+    "async: language decodes whenever no observation waits; frame: --k tokens per frame, before its replies.",
+)
+_MAX_DELAY_MS = flags.DEFINE_float(
+    "max_action_delay_ms",
+    None,
+    "Async loop: longest an arriving observation waits behind a decode chunk (default: 10% of the "
+    "measured action path).",
+)
+_MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
+_MAX_TEXT_TASKS = flags.DEFINE_integer(
+    "max_text_tasks",
+    0,
+    "Stream mode: most text_tasks a request may carry (0: none; >0 compiles more at warm-up).",
+)
+_RTC = flags.DEFINE_bool(
+    "rtc", True, "Stream mode: take real-time-chunking requests (warm-up also compiles the guided denoiser)."
+)
+_MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
+_GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
+_MAX_MESSAGE_MB = flags.DEFINE_float(
+    "max_message_mb", 16.0, "Largest request accepted (MiB); bigger ones close the connection (1009)."
+)
+_MAX_CONNECTIONS = flags.DEFINE_integer("max_connections", 64, "Open connections; more get HTTP 503.")
+_IDLE_TIMEOUT_S = flags.DEFINE_float(
+    "idle_timeout_s", 300.0, "Close a connection that sends nothing for this long (0: never)."
+)
+_DEBUG_ERRORS = flags.DEFINE_bool("debug_errors", False, "Send tracebacks to clients, not only to the log.")
+
+
+# The checkpoints openpi's serve_policy.py serves for each env by default (`--checkpoint_dir=default`).
+# Its ALOHA_SIM default is a pi0 model (pi0_aloha_sim), which a pi0.5 server cannot load.
+_OPENPI_DEFAULT_CHECKPOINTS = {
+    "libero": "gs://openpi-assets/checkpoints/pi05_libero",
+    "droid": "gs://openpi-assets/checkpoints/pi05_droid",
+    "aloha": "gs://openpi-assets/checkpoints/pi05_base",
+}
+
+
+def checkpoint_dir() -> str | None:
+    """--checkpoint_dir, with 'default' as openpi's default checkpoint for --env."""
+    if _MODEL.checkpoint_dir.value != "default":
+        return _MODEL.checkpoint_dir.value
+    if _ENV.value not in _OPENPI_DEFAULT_CHECKPOINTS:
+        cli.fail(
+            f"--env={_ENV.value} has no pi0.5 default checkpoint (openpi serves the pi0 model pi0_aloha_sim);"
+            " pass --checkpoint_dir"
+        )
+    return _OPENPI_DEFAULT_CHECKPOINTS[_ENV.value]
+
+
+def main(_):
+    name = _MODEL.config_name() if flags.FLAGS[_MODEL.config.name].present else f"pi05_{_ENV.value}"
+    overrides = _MODEL.config_overrides()
+    if flags.FLAGS["env"].present:  # an explicit --env also picks the robot transforms of another config
+        overrides = {"robot": _ENV.value, **overrides}
+    cfg = config.load_config(name)
+    cfg.update_from_flattened_dict(overrides)
+    max_text = cli.max_text_tokens(_MAX_TEXT, cfg)
+    policy = create_policy(
+        name,
+        checkpoint_dir(),
+        tokenizer_path=_MODEL.tokenizer_path.value,
+        max_text_tokens=max_text,
+        default_prompt=_PROMPT.value,
+        num_steps=_MODEL.num_steps.value,
+        params_dtype=_MODEL.params_dtype_value(),
+        overrides=overrides,
+    )
+    if _LANGUAGE.value == "inline":
+        backend = PolicyServerBackend(policy)
+    else:
+        try:
+            runtime_config = RuntimeConfig(
+                max_slots=_MAX_SLOTS.value or cfg.engine.max_slots,
+                max_new_tokens=max_text,
+                loop=_LOOP.value,
+                k=_DECODE.k.value,
+                target_hz=_DECODE.target_hz.value if _LOOP.value == "frame" else None,
+                max_delay_s=None if _MAX_DELAY_MS.value is None else _MAX_DELAY_MS.value / 1e3,
+                owed_k=_DECODE.k.value if _LOOP.value == "async" else None,
+                max_prefill_batch=_MAX_BATCH.value,
+                gather_s=_GATHER_MS.value / 1e3,
+            )
+        except ValueError as error:
+            cli.fail(str(error))
+        session = MultiRobotSession(
+            policy, runtime_config, max_text_tasks=_MAX_TEXT_TASKS.value, rtc=_RTC.value
+        )
+        backend = SessionServerBackend(session)
+    logging.info("serving metadata: %s", backend.metadata)
+    if _RECORD.value:
+        backend = recorder.recording(backend, _RECORD_DIR.value)
+    limits = websocket_server.ServerLimits(
+        max_message_mb=_MAX_MESSAGE_MB.value,
+        max_connections=_MAX_CONNECTIONS.value,
+        idle_timeout_s=_IDLE_TIMEOUT_S.value or None,
+        debug_errors=_DEBUG_ERRORS.value,
+    )
+    websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
+    if _LANGUAGE.value == "stream":
+        backend.close()  # the runtime answers what it holds, then stops
+
+
+def run() -> None:
+    """The `oxygen-serve` command."""
+    cli.run(main)
+
+
+if __name__ == "__main__":
+    run()
