@@ -76,7 +76,7 @@ def test_unknown_scheme_is_a_one_line_error(cache):
 
 @pytest.mark.skipif(importlib.util.find_spec("gcsfs") is not None, reason="gcsfs is installed")
 def test_gs_without_gcsfs_names_the_extra(cache):
-    with pytest.raises(ValueError, match=r"install gcsfs: pip install -e \"\.\[gcs\]\"") as error:
+    with pytest.raises(ValueError, match=r"install gcsfs: pip install \"oxygen_jax\[gcs\]\"") as error:
         download.maybe_download("gs://openpi-assets/checkpoints/pi05_libero")
     assert "\n" not in str(error.value)
 

@@ -16,7 +16,7 @@ import jax
 from absl import app, flags
 from ml_collections import config_flags
 
-from oxygen_jax import config
+from oxygen_jax import config, preflight
 from oxygen_jax.engine import mesh
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import UserError
@@ -73,6 +73,15 @@ class ModelFlags:
         config by name apply these, so the mesh must be among them)."""
         overrides = config_flags.get_override_values(flags.FLAGS[self.config.name])
         return {**overrides, "engine.mesh": MESH.value} if MESH.value else overrides
+
+    def preflight(self, *, needs_tokenizer: bool = True) -> None:
+        """Checks, before the model loads, that its checkpoint (and tokenizer) are there."""
+        preflight.model(
+            self.config.value,
+            self.checkpoint_dir.value,
+            self.tokenizer_path.value,
+            needs_tokenizer=needs_tokenizer,
+        )
 
 
 def define_model_flags(default_config: str, checkpoint_help: str | None = None) -> ModelFlags:
@@ -165,6 +174,13 @@ class PolicyFlags:
             "num_steps": model.num_steps.value,
             "params_dtype": model.params_dtype_value(),
         }
+
+    def preflight(self, out: str | None) -> None:
+        """Checks, before the policy loads, what a local one reads and that `out` can be written."""
+        if self.kind.value == "local":
+            self.model.preflight()
+        if out:
+            preflight.writable(out, folder=True)
 
     def description(self) -> dict[str, Any]:
         """How the policy was chosen, for the results file."""
@@ -279,12 +295,15 @@ def run(
     or a checkout's `scripts/` wrapper)."""
     tool = sys.modules[main.__module__]
     sys.modules["__main__"].__doc__ = tool.__doc__
+    # `--help` lists the main module's flags: started from a wrapper, that is not the tool's module.
+    for flag in flags.FLAGS.get_flags_for_module(tool.__name__):
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
 
     def reporting_user_errors(argv: list[str]) -> None:
         try:
             main(argv)
         except UserError as error:
-            fail(str(error))
+            fail(str(error), getattr(error, "hint", None))
 
     # JAX logs at INFO each accelerator plugin it probes and does not find (`Unable to initialize backend
     # 'tpu'`); that is no news on a machine without one, so only its warnings are shown.
@@ -292,7 +311,10 @@ def run(
     app.run(reporting_user_errors, flags_parser=flags_parser)
 
 
-def fail(message: str) -> None:
-    """Ends a CLI with a one-line error instead of a traceback for user mistakes."""
+def fail(message: str, hint: str | None = None) -> None:
+    """Ends a CLI with a one-line error instead of a traceback for user mistakes (and, when given, one
+    line saying what to do)."""
     print(f"error: {' '.join(str(message).split())}", file=sys.stderr)
+    if hint:
+        print(f"  fix: {' '.join(hint.split())}", file=sys.stderr)
     sys.exit(2)

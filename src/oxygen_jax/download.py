@@ -4,7 +4,7 @@ openpi's `download.maybe_download` keeps `<scheme>://<bucket>/<path>` at `<cache
 `<cache>` = `$OPENPI_DATA_HOME` or `~/.cache/openpi`; a copy made by either project serves the other.
 A copy is complete or absent: files land in a scratch folder beside the target and are renamed into place
 at the end, so an interrupted download leaves nothing that looks like a checkpoint. `gs://` needs gcsfs
-(`pip install -e ".[gcs]"`); openpi's buckets are public and read anonymously.
+(`pip install "oxygen_jax[gcs]"`); openpi's buckets are public and read anonymously.
 """
 
 import os
@@ -25,7 +25,7 @@ _CACHE_ENV = "OPENPI_DATA_HOME"
 _DEFAULT_CACHE = "~/.cache/openpi"
 # Storage options per scheme: public buckets need no credentials (and gcsfs would otherwise look for them).
 _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"gs": {"token": "anon"}}
-_INSTALL = {"gs": 'install gcsfs: pip install -e ".[gcs]"'}
+_INSTALL = {"gs": 'install gcsfs: pip install "oxygen_jax[gcs]"'}
 
 
 def cache_dir() -> pathlib.Path:

@@ -31,7 +31,7 @@ TASKS = {
     "AlohaInsertion-v0": "Insert the peg into the socket",
 }
 CONTROL_HZ = 50
-INSTALL = "pip install -e '.[aloha]'"
+INSTALL = 'pip install "oxygen_jax[aloha]"'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,7 +46,7 @@ SUITE_MAX_STEPS = {
 DUMMY_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 ENV_RESOLUTION = 256
 CONTROL_HZ = 20
-INSTALL = "pip install -e '.[libero]'"
+INSTALL = 'pip install "oxygen_jax[libero]"'
 
 
 @dataclasses.dataclass(frozen=True)

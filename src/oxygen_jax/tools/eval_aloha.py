@@ -3,7 +3,7 @@
   oxygen-eval-aloha --config=pi05_aloha --checkpoint_dir=CKPT --episodes=10 --out=DIR
   oxygen-eval-aloha --policy=remote --port=8000 --task=AlohaInsertion-v0 --out=DIR
 
-Needs `pip install -e '.[aloha]'` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
+Needs `pip install "oxygen_jax[aloha]"` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
 """
 
 import pathlib
@@ -38,6 +38,7 @@ def main(_):
     )
     out_dir = pathlib.Path(_OUT.value)
     aloha_sim.check_simulator()
+    _POLICY.preflight(_OUT.value)
     recorder = recording.recorder_for(_POLICY.record_dir.value, aloha_sim.CONTROL_HZ, "aloha")
     policy = policies.policy_for("aloha", **_POLICY.settings())
     results = aloha_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)

@@ -89,6 +89,7 @@ def main(_):
     )
     if settings.save_video:  # written at the end of the run: a missing writer is reported first
         video.video_writer(install="pip install 'oxygen_jax[droid]' (or pass --nosave_video)")
+    _POLICY.preflight(_OUT.value)
     out_dir = pathlib.Path(_OUT.value)
     if _MODE.value == "robot":
         _robot(settings, out_dir)

@@ -4,7 +4,7 @@
       --suites=libero_spatial,libero_10 --episodes=50 --out=DIR
   oxygen-eval-libero --policy=remote --port=8000 --suites=libero_goal --task_ids=0,3 --episodes=5
 
-Needs `pip install -e '.[libero]'` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
+Needs `pip install "oxygen_jax[libero]"` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
 """
 
 import pathlib
@@ -51,6 +51,7 @@ def main(_):
         save_video=_VIDEO.value,
     )
     libero_sim.import_libero()
+    _POLICY.preflight(_OUT.value)
     recorder = recording.recorder_for(_POLICY.record_dir.value, libero_sim.CONTROL_HZ, "libero")
     policy = policies.policy_for("libero", **_POLICY.settings())
     results = libero_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)

@@ -13,7 +13,7 @@ import pathlib
 
 from absl import app, flags
 
-from oxygen_jax import cli, config
+from oxygen_jax import cli, config, preflight
 from oxygen_jax.client import MODES
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
@@ -41,7 +41,10 @@ def main(_):
     if (_DELAY.value is None) == (_LATENCY.value is None):
         cli.fail("give exactly one of --delay_steps and --latency_ms")
     delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
-    horizon = config.load_config(_CONFIG.value).model.action_horizon
+    cfg = config.load_config(_CONFIG.value)
+    preflight.model(cfg, _CHECKPOINT.value, None)
+    preflight.writable(_OUT.value, folder=True)
+    horizon = cfg.model.action_horizon
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
     try:
         results = closed_loop.evaluate(

@@ -1,5 +1,6 @@
 """Offline pi0.5 inference on one observation batch: actions, and optionally text, to an npz file.
 
+  oxygen-infer --scene=3 --max_text_tokens=12     # the shipped demo model on a rendered table scene
   oxygen-infer --config=pi05_tiny --checkpoint_dir=CKPT --obs=obs.npz --out=out.npz \
       --max_text_tokens=24
   oxygen-infer --max_text_tokens=16 --text_task="narration:describe what you are doing" \
@@ -9,8 +10,11 @@ Each `--text_task=name:instruction` (repeatable) is a language task on the same 
 instruction is appended to the shared prefix (`Engine.extend`, one call for every task and row) and
 `text_task/<name>` holds its text per row (`text_task_tokens/<name>` the tokens).
 
-`--obs` holds model-level arrays (`image/<camera>`, `image_mask/<camera>`, `tokenized_prompt`,
-`tokenized_prompt_mask`, optional `noise`); without it a synthetic observation is used.
+Default config: pi05_demo, the demo model shipped in the package (docs/cli.md). `--scene=SEED` renders
+the table scene of that seed for a table config (the demo model's own task: its text should be the scene's
+true subtask, printed beside it). `--obs` holds model-level arrays (`image/<camera>`,
+`image_mask/<camera>`, `tokenized_prompt`, `tokenized_prompt_mask`, optional `noise`); without either, a
+synthetic observation (random images) is used.
 
 `--rtc=FILE.npz` guides the actions towards previous chunks (real-time chunking, docs/rtc.md): FILE holds
 `prev_chunk` [B, H, 32] (model space, aligned: prev_chunk[b, i] is what robot b executes at the new
@@ -26,16 +30,18 @@ import jax
 import numpy as np
 from absl import flags
 
-from oxygen_jax import cli
+from oxygen_jax import cli, preflight
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.guidance import SCHEDULES
 from oxygen_jax.models import inputs
+from oxygen_jax.table_task import scenes as table_scenes
 
-_MODEL = cli.define_model_flags("pi05_cpu")
+_MODEL = cli.define_model_flags("pi05_demo")
 _MAX_TEXT = cli.define_max_text_tokens()
 _OUT = cli.define_out_flag(None, "npz to write actions (and text outputs) to.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for random init, synthetic inputs and noise.")
 _OBS = flags.DEFINE_string("obs", None, "npz of model-level input arrays (synthetic when absent).")
+_SCENE = flags.DEFINE_integer("scene", None, "Table configs: render the table scene of this seed as input.")
 _BATCH = flags.DEFINE_integer("batch", 1, "Batch size of the synthetic observation.")
 _TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.")
@@ -102,14 +108,31 @@ def _rtc_rows(path: str, batch: int, horizon: int, action_dim: int) -> list[Chun
     ]
 
 
+def _scene_arrays(cfg, lines: list[str]) -> dict[str, np.ndarray]:
+    """--scene: the table scene of that seed through the table robot's transforms, as a batch of one."""
+    scene, arrays = next(table_scenes.model_stream(cfg, _MODEL.checkpoint_dir.value, _SCENE.value))
+    lines.append(f"scene {_SCENE.value}: prompt {scene.prompt!r}, true subtask {scene.subtask!r}")
+    return arrays
+
+
 def main(_):
     cfg = _MODEL.config.value
-    engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
     max_text = cli.max_text_tokens(_MAX_TEXT, cfg)
+    if _OBS.value and _SCENE.value is not None:
+        cli.fail("give at most one of --obs and --scene")
+    if _SCENE.value is not None and cfg.get("robot") != "table":
+        cli.fail(f"--scene renders table scenes; config {cfg.name!r} has robot {cfg.get('robot')!r}")
+    _MODEL.preflight(needs_tokenizer=max_text > 0 or bool(_TEXT_TASKS.value) or _SCENE.value is not None)
+    if _OUT.value:
+        preflight.writable(_OUT.value, folder=False)
+    engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
     model = engine.config
+    lines = []
     if _OBS.value:
         with np.load(_OBS.value) as f:
             arrays = dict(f)
+    elif _SCENE.value is not None:
+        arrays = _scene_arrays(cfg, lines)
     else:
         arrays = inputs.synthetic_arrays(model, _BATCH.value, seed=_SEED.value)
     obs = inputs.observation_from_arrays(arrays, model)
@@ -123,7 +146,7 @@ def main(_):
     cache, prefill_first, prefill_s = _timed(lambda: engine.prefill(obs))
     actions, denoise_first, denoise_s = _timed(lambda: engine.denoise(cache, noise, num_steps, guidance))
     out = {"actions": np.asarray(actions)}
-    lines = [
+    lines += [
         f"config {cfg.name} ({model.dtype}), batch {batch}, prefix {model.prefix_len} columns",
         f"actions {list(out['actions'].shape)}",
         f"prefill {prefill_s * 1e3:.1f} ms (first call {prefill_first:.2f} s incl. compile)",

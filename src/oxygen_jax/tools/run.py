@@ -20,7 +20,7 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli, config
+from oxygen_jax import cli, config, preflight
 from oxygen_jax.benchmarks import arrivals, metrics, observations, serving
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime import runtime
@@ -107,6 +107,9 @@ def _print_texts(texts: list, random_model: bool, scenes: list[table_scenes.Scen
 
 def main(_):
     cfg = _MODEL.config.value
+    _MODEL.preflight()
+    if _OUT.value:
+        preflight.writable(_OUT.value, folder=False)
     # A recorded stream is opened first, so a wrong --obs_dir fails before the model is built.
     recorded = observations.npz_stream(_OBS_DIR.value) if _OBS_DIR.value else None
     engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())

@@ -1,7 +1,12 @@
 """Serve a pi0.5 policy to openpi clients over websocket: actions, and language from the same prefill.
 
+  oxygen-serve --config=pi05_demo --max_text_tokens=12     # the shipped demo model, nothing to download
   oxygen-serve --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24 --k=2
-  oxygen-serve --config=pi05_tiny --checkpoint_dir=../shared/golden/checkpoint --port=8001
+  oxygen-serve policy:checkpoint --policy.config=pi05_libero --policy.dir=DIR   # openpi's syntax
+
+Default config: the --env's robot config, pi05_<env> (pi05_libero for the default --env=libero); tools
+that serve a robot start from that robot's config (docs/cli.md). The tokenizer, the checkpoint and the
+port are checked before the model loads.
 
 `--env` takes openpi's environment names in any case (`LIBERO`, `DROID`, `ALOHA`, `ALOHA_SIM`). It picks
 the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config` sets that
@@ -25,12 +30,14 @@ shape (a one-time wait). `--language=inline` instead answers one request at a ti
 to completion within it.
 """
 
+import sys
+
 from absl import flags, logging
 
-from oxygen_jax import cli, config
+from oxygen_jax import cli, config, preflight
 from oxygen_jax.policies.policy import create_policy
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving import recorder, websocket_server
+from oxygen_jax.serving import openpi_args, recorder, websocket_server
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
 
@@ -120,6 +127,10 @@ def main(_):
     cfg = config.load_config(name)
     cfg.update_from_flattened_dict(overrides)
     max_text = cli.max_text_tokens(_MAX_TEXT, cfg)
+    preflight.model(cfg, checkpoint_dir(), _MODEL.tokenizer_path.value)
+    preflight.port_free(_HOST.value, _PORT.value)
+    if _RECORD.value:
+        preflight.writable(_RECORD_DIR.value, folder=True)
     policy = create_policy(
         name,
         checkpoint_dir(),
@@ -165,9 +176,20 @@ def main(_):
         backend.close()  # the runtime answers what it holds, then stops
 
 
+def parse_flags(argv: list[str]) -> list[str]:
+    """The tools' flag parser, after reading openpi's `policy:checkpoint --policy.config=...` as our flags."""
+    try:
+        argv, note = openpi_args.translate(argv)
+    except openpi_args.OpenpiSyntaxError as error:
+        cli.fail(str(error))
+    if note:
+        print(note, file=sys.stderr)
+    return cli.parse_flags(argv)
+
+
 def run() -> None:
     """The `oxygen-serve` command."""
-    cli.run(main)
+    cli.run(main, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":
