@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import time
+import tomllib
 
 import nbclient
 import nbformat
@@ -24,7 +25,9 @@ NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
 RESULTS = ROOT / "benchmarks" / "results"
 BENCHMARK_SCRIPT = ROOT / "scripts" / "benchmark.py"
 KERNEL_NAME = "oxygen-jax-test"
-REPO_URL_SOURCE = 'REPO_URL = os.environ.get("OXYGEN_REPO_URL", "")'
+# The project's repository as pyproject.toml's [project.urls] names it: the notebooks' default.
+REPOSITORY = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]["Repository"]
+REPO_URL_SOURCE = f'REPO_URL = os.environ.get("OXYGEN_REPO_URL", "{REPOSITORY}")'
 CELL_TIMEOUT_S = 600
 
 
@@ -46,14 +49,15 @@ def test_notebook_is_committed_without_outputs(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.name)
-def test_notebook_clones_from_the_one_url_setting(path):
-    """The clone URL comes from OXYGEN_REPO_URL (no repository address is written into a notebook), and
-    the first cell says so."""
+def test_notebook_installs_from_the_documented_repository(path):
+    """The install cell reads the project's repository from pyproject.toml's [project.urls] (so a Colab
+    user edits nothing), OXYGEN_REPO_URL overrides it, and the first cell says both; no other address is
+    written into a notebook's code."""
     nb = nbformat.read(path, as_version=4)
-    assert "OXYGEN_REPO_URL" in nb.cells[0].source
+    assert "OXYGEN_REPO_URL" in nb.cells[0].source and REPOSITORY in nb.cells[0].source
     sources = [cell.source for cell in nb.cells if cell.cell_type == "code"]
     assert sum(REPO_URL_SOURCE in source for source in sources) == 1
-    assert not any("://" in source for source in sources)
+    assert sum(source.count("://") for source in sources) == 1
 
 
 @pytest.fixture

@@ -58,7 +58,7 @@ def test_train_help_runs_without_pyarrow(tmp_path):
 @pytest.mark.timeout(300)
 def test_train_eval_only_scores_the_demo_model_without_pyarrow(tmp_path):
     run = _script_without_pyarrow(
-        tmp_path, "train.py", "--config=pi05_demo", "--eval_only", "--eval_scenes=1", f"--out={tmp_path}"
+        tmp_path, "train.py", "--config=pi05_demo", "--eval_only", "--episodes=1", f"--out={tmp_path}"
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert (tmp_path / "demo_eval.json").is_file()
@@ -67,7 +67,7 @@ def test_train_eval_only_scores_the_demo_model_without_pyarrow(tmp_path):
 @pytest.mark.integration
 def test_make_demo_dataset_without_pyarrow_fails_with_one_line_naming_the_extra(tmp_path):
     run = _script_without_pyarrow(
-        tmp_path, "make_demo_dataset.py", f"--out={tmp_path / 'data'}", "--scenes=1"
+        tmp_path, "make_demo_dataset.py", f"--out={tmp_path / 'data'}", "--episodes=1"
     )
     assert run.returncode == 2
     assert run.stderr.strip().splitlines()[-1].startswith(INSTALL_LINE)

@@ -62,7 +62,7 @@ class ModelFlags:
 
     def params_dtype_value(self) -> str | None:
         """The dtype to restore params as (None: as stored)."""
-        return None if self.params_dtype.value == STORED else self.params_dtype.value
+        return params_dtype_value(self.params_dtype)
 
     def config_name(self) -> str:
         """The `--config` file (for APIs that load a config by name or path)."""
@@ -84,29 +84,39 @@ class ModelFlags:
         )
 
 
+def params_dtype_value(holder: flags.FlagHolder) -> str | None:
+    """`--params_dtype` as `load_params` takes it (None: as stored)."""
+    return None if holder.value == STORED else holder.value
+
+
+def define_checkpoint_dir_flag(checkpoint_help: str | None = None) -> flags.FlagHolder:
+    return _shown(flags.DEFINE_string("checkpoint_dir", None, checkpoint_help or _CHECKPOINT_HELP))
+
+
+def define_tokenizer_path_flag() -> flags.FlagHolder:
+    return _shown(
+        flags.DEFINE_string("tokenizer_path", None, "PaliGemma sentencepiece model (config's when absent).")
+    )
+
+
+def define_params_dtype_flag(default: str = "bfloat16") -> flags.FlagHolder:
+    """`--params_dtype`: bfloat16 by default as openpi restores for inference (training: float32)."""
+    return _shown(
+        flags.DEFINE_enum(
+            "params_dtype",
+            default,
+            [*PARAMS_DTYPES, STORED],
+            "Restore params as this dtype (openpi: bfloat16); the model computes in the config's dtype.",
+        )
+    )
+
+
 def define_model_flags(default_config: str, checkpoint_help: str | None = None) -> ModelFlags:
     return ModelFlags(
         config=define_config_flag(default_config),
-        checkpoint_dir=_shown(
-            flags.DEFINE_string(
-                "checkpoint_dir",
-                None,
-                checkpoint_help or _CHECKPOINT_HELP,
-            )
-        ),
-        tokenizer_path=_shown(
-            flags.DEFINE_string(
-                "tokenizer_path", None, "PaliGemma sentencepiece model (config's when absent)."
-            )
-        ),
-        params_dtype=_shown(
-            flags.DEFINE_enum(
-                "params_dtype",
-                "bfloat16",
-                [*PARAMS_DTYPES, STORED],
-                "Restore params as this dtype (openpi: bfloat16); the model computes in the config's dtype.",
-            )
-        ),
+        checkpoint_dir=define_checkpoint_dir_flag(checkpoint_help),
+        tokenizer_path=define_tokenizer_path_flag(),
+        params_dtype=define_params_dtype_flag(),
         num_steps=_shown(
             flags.DEFINE_integer("num_steps", None, "Denoising steps (config's when absent).", lower_bound=1)
         ),
@@ -214,6 +224,16 @@ def define_policy_flags(default_config: str) -> PolicyFlags:
             )
         ),
     )
+
+
+def renamed(new: flags.FlagHolder, old: flags.FlagHolder) -> Any:
+    """The value of flag `new`, or of `old`, its deprecated former name, with a one-line warning."""
+    if not flags.FLAGS[old.name].present:
+        return new.value
+    if flags.FLAGS[new.name].present:
+        fail(f"give --{new.name} only (--{old.name} is its deprecated name)")
+    print(f"warning: --{old.name} is deprecated here: use --{new.name}", file=sys.stderr)
+    return old.value
 
 
 def define_out_flag(default: str | None, what: str) -> flags.FlagHolder:

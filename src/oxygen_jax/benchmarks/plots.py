@@ -2,11 +2,7 @@
 
 import pathlib
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
+from oxygen_jax import plotting
 from oxygen_jax.benchmarks.report import ablation, label
 
 ABLATION_ORDER = ("isolated", "parallel", "shared_kv", "oxygen", "oxygen_deadline", "batching upper bound")
@@ -19,7 +15,7 @@ def _select(runs: list[dict], sweep: str, mode: str) -> list[dict]:
 def _save(fig, path: pathlib.Path) -> pathlib.Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.pyplot().close(fig)
     return path
 
 
@@ -29,7 +25,7 @@ def speedup_vs_n_k(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
     oxy = [r for r in _select(runs, "n_k", "oxygen") if r["spec"]["max_new"] in iso]
     if not oxy:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plotting.pyplot().subplots(figsize=(5, 3.5))
     for k in sorted({r["spec"]["k"] for r in oxy}):
         points = sorted(
             (r["spec"]["max_new"], r["action_hz"] / iso[r["spec"]["max_new"]])
@@ -58,7 +54,7 @@ def ablation_bars(runs: list[dict], roof: dict, out: pathlib.Path) -> pathlib.Pa
     spec = next(iter(modes.values()))["spec"]
     tok["batching upper bound"] = hz["batching upper bound"] * spec["rate"] * spec["max_new"]
     names = [n for n in ABLATION_ORDER if n in hz]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = plotting.pyplot().subplots(1, 3, figsize=(13, 3.8))
     for ax, values, title in ((axes[0], hz, "action Hz"), (axes[1], tok, "tokens/s")):
         ax.bar(names, [values[n] for n in names], color="tab:blue")
         ax.set_title(title)
@@ -83,7 +79,7 @@ def workloads(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
     panels = [p for p in panels if _select(runs, p[0], "oxygen")]
     if not panels:
         return None
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 6), squeeze=False)
+    fig, axes = plotting.pyplot().subplots(2, len(panels), figsize=(4.5 * len(panels), 6), squeeze=False)
     for col, (sweep, key, xlabel) in enumerate(panels):
         for mode in ("isolated", "oxygen"):
             points = sorted(
@@ -110,7 +106,7 @@ def tradeoff(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
             points.setdefault((label(r), s["k"] if s["mode"] == "oxygen" else 0, s["target_hz"]), r)
     if len(points) < 2:
         return None
-    fig, ax = plt.subplots(figsize=(5.5, 4))
+    fig, ax = plotting.pyplot().subplots(figsize=(5.5, 4))
     for (name, k, target), r in points.items():
         text = name + (f" {target:g} Hz" if target else f" k={k}" if k else "")
         ax.scatter(
@@ -127,7 +123,7 @@ def steps(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
     """Action Hz of the core modes against the number of denoising steps S."""
     if not _select(runs, "steps", "oxygen"):
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plotting.pyplot().subplots(figsize=(5, 3.5))
     for mode in ("isolated", "oxygen", "action_only"):
         points = sorted((r["spec"]["num_steps"], r["action_hz"]) for r in _select(runs, "steps", mode))
         if points:
@@ -146,7 +142,7 @@ def camera_skip(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
     pairs = [(m, on, off[0]) for m, on, off in pairs if off]
     if not pairs:
         return None
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, ax = plotting.pyplot().subplots(figsize=(5, 3.5))
     x = range(len(pairs))
     ax.bar([i - 0.2 for i in x], [off["action_hz"] for _, _, off in pairs], 0.4, label="skip off")
     ax.bar([i + 0.2 for i in x], [on["action_hz"] for _, on, _ in pairs], 0.4, label="skip on")
@@ -159,7 +155,7 @@ def camera_skip(runs: list[dict], out: pathlib.Path) -> pathlib.Path | None:
 def roofline(roof: dict, out: pathlib.Path) -> pathlib.Path:
     """Measured time of each phase next to its compute/bandwidth floor (log scale)."""
     phases = roof["phases"]
-    fig, ax = plt.subplots(figsize=(7, 3.8))
+    fig, ax = plotting.pyplot().subplots(figsize=(7, 3.8))
     x = range(len(phases))
     ax.bar([i - 0.2 for i in x], [p["ms"] for p in phases], 0.4, label="measured")
     ax.bar([i + 0.2 for i in x], [p["floor_ms"] for p in phases], 0.4, label="floor")
@@ -186,7 +182,9 @@ def serving(results: dict, out: pathlib.Path) -> pathlib.Path | None:
     robots = sorted(r for r, group in by_robots.items() if len(group) > 1)
     if not robots:
         return None
-    fig, axes = plt.subplots(len(robots), len(SERVING_METRICS), figsize=(12, 3 * len(robots)), squeeze=False)
+    fig, axes = plotting.pyplot().subplots(
+        len(robots), len(SERVING_METRICS), figsize=(12, 3 * len(robots)), squeeze=False
+    )
     for row, r in zip(axes, robots, strict=True):
         group = sorted(by_robots[r], key=lambda s: s["setting"]["think_ms"])
         for ax, (metric, name) in zip(row, SERVING_METRICS, strict=True):

@@ -6,6 +6,7 @@ import pathlib
 from collections.abc import Sequence
 from typing import Any
 
+from oxygen_jax import plotting
 from oxygen_jax.client import MODES
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.table_task import closed_loop
@@ -59,11 +60,7 @@ def sweep(
 
 def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path) -> None:
     """One panel per figure, one line per mode, d on the x axis."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plotting.pyplot()
     figure, axes = plt.subplots(1, len(_PANELS), figsize=(4.2 * len(_PANELS), 3.4))
     for axis, (key, label) in zip(axes, _PANELS, strict=True):
         for execution in dict.fromkeys(row["execution"] for row in rows):

@@ -12,6 +12,7 @@
   oxygen-benchmark --check_image                # does the GPU image (+ .whl/) cover every import?
   oxygen-benchmark --gpu_summary=OUT --out=WORK # scripts/gpu_benchmark.sh's results, <= 8 files
 
+Default config: pi05_cpu, the model the recorded figures are measured on (docs/cli.md).
 Writes DIR/runs/<run>.json, DIR/roofline.json, DIR/quick.json, DIR/results.md and DIR/*.png;
 DIR defaults to benchmarks/results/<machine>.
 """
@@ -57,7 +58,8 @@ _MAX_TEXT = flags.DEFINE_list(
     "max_text_tokens", ["5", "10", "15", "20", "30"], "Text tokens per request in the n_k sweep."
 )
 _K = flags.DEFINE_list("k", ["1", "5", "10"], "Decode steps per frame of the n_k sweep.")
-_STEPS = flags.DEFINE_list("steps", ["5", "10", "15", "20"], "Denoising steps of the steps sweep.")
+_NUM_STEPS = flags.DEFINE_list("num_steps", ["5", "10", "15", "20"], "Denoising steps of the steps sweep.")
+_STEPS = flags.DEFINE_list("steps", None, "Deprecated: use --num_steps.")
 _DEADLINES = flags.DEFINE_list(
     "deadline_fractions", ["0.5", "0.7", "0.9"], "Deadline-k targets (x action-only Hz)."
 )
@@ -256,7 +258,7 @@ def main(_):
             frames=_FRAMES.value,
             max_new=tuple(int(n) for n in _MAX_TEXT.value),
             k=tuple(int(k) for k in _K.value),
-            num_steps=tuple(int(s) for s in _STEPS.value),
+            num_steps=tuple(int(s) for s in cli.renamed(_NUM_STEPS, _STEPS)),
             deadline_fractions=tuple(float(f) for f in _DEADLINES.value),
         )
         specs = sweeps.build(_SWEEPS.value, grid, 1e3 / roof["cost_model"]["action_only_frame_ms"])

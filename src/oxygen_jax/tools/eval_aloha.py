@@ -3,6 +3,7 @@
   oxygen-eval-aloha --config=pi05_aloha --checkpoint_dir=CKPT --episodes=10 --out=DIR
   oxygen-eval-aloha --policy=remote --port=8000 --task=AlohaInsertion-v0 --out=DIR
 
+Default config: pi05_aloha, the robot's (docs/cli.md).
 Needs `pip install "oxygen_jax[aloha]"` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
 """
 

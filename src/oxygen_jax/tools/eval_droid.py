@@ -9,6 +9,8 @@ scores go to --out/droid_eval_<time>.csv.
 Offline, through a local or served policy (a folder of npz observations, or a synthetic stream):
   oxygen-eval-droid --mode=replay --replay_dir=FRAMES --config=pi05_droid --checkpoint_dir=CKPT
   oxygen-eval-droid --mode=replay --synthetic_frames=32 --config=pi05_tiny --out=DIR
+
+Default config: pi05_droid, the robot's (docs/cli.md).
 """
 
 import pathlib
@@ -21,9 +23,10 @@ from oxygen_jax.evaluation import droid, policies, recording, video
 _POLICY = cli.define_policy_flags("pi05_droid")
 _MODE = flags.DEFINE_enum("mode", "replay", ["robot", "replay"], "Real robot, or offline replay.")
 _MAX_STEPS = flags.DEFINE_integer("max_steps", 600, "Control steps per rollout (15 Hz).", lower_bound=1)
-_HORIZON = flags.DEFINE_integer(
-    "open_loop_horizon", 8, "Actions executed from each chunk before replanning.", lower_bound=1
+_REPLAN = flags.DEFINE_integer(
+    "replan_steps", 8, "Actions executed from each chunk before replanning.", lower_bound=1
 )
+_HORIZON = flags.DEFINE_integer("open_loop_horizon", None, "Deprecated: use --replan_steps.", lower_bound=1)
 _VIDEO = flags.DEFINE_bool("save_video", True, "Write a video of the exterior camera per rollout.")
 _OUT = cli.define_out_flag("eval_results/droid", "Folder for results, CSV and videos.")
 # Robot.
@@ -83,7 +86,7 @@ def main(_):
     realtime = _REALTIME.value or _MODE.value == "robot"
     settings = droid.Settings(
         max_steps=_MAX_STEPS.value,
-        open_loop_horizon=_HORIZON.value,
+        open_loop_horizon=cli.renamed(_REPLAN, _HORIZON),
         control_hz=droid.CONTROL_HZ if realtime else None,
         save_video=_VIDEO.value,
     )

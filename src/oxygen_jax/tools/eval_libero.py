@@ -4,6 +4,7 @@
       --suites=libero_spatial,libero_10 --episodes=50 --out=DIR
   oxygen-eval-libero --policy=remote --port=8000 --suites=libero_goal --task_ids=0,3 --episodes=5
 
+Default config: pi05_libero, the robot's (docs/cli.md).
 Needs `pip install "oxygen_jax[libero]"` and an offscreen GL (EGL, or `apt-get install -y libosmesa6`).
 """
 

@@ -7,6 +7,8 @@ robot runs `client.Executor` in the given mode on a simulated clock: while the n
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
 delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon).
+
+Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
 
 import pathlib
@@ -32,7 +34,7 @@ _HORIZON = flags.DEFINE_integer(
     "Actions left in a chunk when the next is asked for (default H/2 + 1).",
     lower_bound=0,
 )
-_EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run.", lower_bound=1)
+_EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
 

@@ -6,26 +6,30 @@
 Each scene is one episode: the gripper moving straight to the cube the prompt names, with the true
 subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_task.scenes).
 `--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
-gripper going around a block on a random side, see oxygen_jax.table_task.detour).
+gripper going around a block on a random side, see oxygen_jax.table_task.detour). `--scenes` is the old
+name of `--episodes`; it still works, with a warning. No model is loaded: there is no default config.
 """
 
 from absl import flags
 
-from oxygen_jax import cli
+from oxygen_jax import cli, preflight
 from oxygen_jax.table_task import dataset, detour_dataset, scenes
 
 _RECORDERS = {"table": dataset, "detour": detour_dataset}
-_OUT = flags.DEFINE_string("out", None, "New folder for the dataset.", required=True)
+_OUT = cli.define_out_flag(None, "New folder for the dataset.")
+flags.mark_flag_as_required("out")
 _TASK = flags.DEFINE_enum("task", "table", list(_RECORDERS), "table (pi05_demo) or detour (pi05_detour).")
-_SCENES = flags.DEFINE_integer(
-    "scenes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
+_EPISODES = flags.DEFINE_integer(
+    "episodes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
 )
+_SCENES = flags.DEFINE_integer("scenes", None, "Deprecated: use --episodes.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out scenes use another).")
 
 
 def main(_):
     recorder = _RECORDERS[_TASK.value]
-    num_scenes = _SCENES.value or recorder.TRAIN_SCENES
+    num_scenes = cli.renamed(_EPISODES, _SCENES) or recorder.TRAIN_SCENES
+    preflight.writable(_OUT.value, folder=True)
     try:
         root = recorder.record_dataset(_OUT.value, num_scenes, _SEED.value)
     except FileExistsError as error:

@@ -10,6 +10,8 @@ By default frames follow a frame clock with the `--arrivals` workload. With `--l
 engine serves `--robots` closed-loop robots instead: each sends an observation, waits for its actions,
 executes them for `--think_ms`, and starts a language request whenever its previous one is done, on the
 device loop (`async`: language in idle time; `frame`: `--k` tokens per frame, before the replies).
+
+Default config: pi05_demo, the demo model shipped in the package (docs/cli.md).
 """
 
 import itertools

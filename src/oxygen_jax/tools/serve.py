@@ -4,9 +4,8 @@
   oxygen-serve --env=libero --checkpoint_dir=pi05_libero --max_text_tokens=24 --k=2
   oxygen-serve policy:checkpoint --policy.config=pi05_libero --policy.dir=DIR   # openpi's syntax
 
-Default config: the --env's robot config, pi05_<env> (pi05_libero for the default --env=libero); tools
-that serve a robot start from that robot's config (docs/cli.md). The tokenizer, the checkpoint and the
-port are checked before the model loads.
+Default config: pi05_libero, the robot's: pi05_<env> for --env (default libero), as openpi serves an env
+(docs/cli.md). The tokenizer, the checkpoint and the port are checked before the model loads.
 
 `--env` takes openpi's environment names in any case (`LIBERO`, `DROID`, `ALOHA`, `ALOHA_SIM`). It picks
 the config `pi05_<env>` unless `--config` is given, and an explicit `--env` with `--config` sets that

@@ -3,12 +3,16 @@
   # train on a LeRobot dataset folder, starting from an openpi checkpoint; resumes if RUN has steps
   oxygen-train --config=pi05_demo --dataset=DATA --run_dir=RUN [--checkpoint_dir=CKPT]
   # train on a tiny synthetic set (no dataset needed)
-  oxygen-train --config=pi05_tiny --synthetic --run_dir=RUN --num_steps=20
+  oxygen-train --config=pi05_tiny --synthetic --run_dir=RUN --train_steps=20
   # loss terms and gradient norm on a batch given in train_io's `in/...` keys (noise and time included)
   oxygen-train --config=pi05_tiny --config.model.prefix_attention=causal_text \
       --config.training.text_loss_weight=1 --checkpoint_dir=CKPT --loss_on=BATCH.npz --out=LOSS.npz
   # the demo model (the shipped one, or --checkpoint_dir=RUN) and the untrained one on held-out scenes
   oxygen-train --config=pi05_demo --eval_only --out=DIR     # writes DIR/demo_eval.json
+
+Default config: pi05_demo, the demo model shipped in the package (docs/cli.md). `--num_steps` is the
+old name of `--train_steps` (elsewhere it means denoising steps); it still works, with a warning.
+Training plots its loss with matplotlib (the `train` extra brings it).
 
 The recipe, the loss weights, LoRA and freezing are the config's `training` section (override with
 `--config.training.peak_lr=1e-4` etc.); see docs/training.md. A run writes `RUN/<step>/params` +
@@ -25,7 +29,7 @@ import numpy as np
 import optax
 from absl import flags
 
-from oxygen_jax import checkpoints, cli
+from oxygen_jax import checkpoints, cli, preflight
 from oxygen_jax import config as config_lib
 from oxygen_jax.models import inputs, pi05
 from oxygen_jax.params import load_params
@@ -36,14 +40,21 @@ from oxygen_jax.training.batch import batch_from_arrays
 from oxygen_jax.training.loss import mean_loss
 from oxygen_jax.training.train_step import TrainSpec
 
-_CONFIG = cli.define_config_flag("pi05_tiny")
-_CHECKPOINT = flags.DEFINE_string(
-    "checkpoint_dir", None, "openpi checkpoint to start from / evaluate (random init when absent)."
+_CONFIG = cli.define_config_flag("pi05_demo")
+_CHECKPOINT = cli.define_checkpoint_dir_flag(
+    "openpi checkpoint to start from (random init when absent) or to evaluate (--eval_only: the "
+    "config's own when absent)."
 )
+_TOKENIZER = cli.define_tokenizer_path_flag()
+_PARAMS_DTYPE = cli.define_params_dtype_flag("float32")
+_SEED = flags.DEFINE_integer("seed", None, "Seed for init, data order and noise (config's seed when absent).")
 _RUN_DIR = flags.DEFINE_string("run_dir", None, "Where the run writes checkpoints, metrics and the plot.")
 _DATASET = flags.DEFINE_string("dataset", None, "LeRobot dataset folder (columns from the config's data).")
 _SYNTHETIC = flags.DEFINE_bool("synthetic", False, "Train on a tiny synthetic set instead of a dataset.")
-_NUM_STEPS = flags.DEFINE_integer("num_steps", None, "Train until this step (config num_train_steps).")
+_TRAIN_STEPS = flags.DEFINE_integer(
+    "train_steps", None, "Train until this step (config's training.num_train_steps).", lower_bound=1
+)
+_NUM_STEPS = flags.DEFINE_integer("num_steps", None, "Deprecated: use --train_steps.", lower_bound=1)
 _LOSS_ON = flags.DEFINE_string("loss_on", None, "npz batch (train_io `in/...` keys) to evaluate the loss on.")
 _OUT = flags.DEFINE_string(
     "out",
@@ -56,7 +67,10 @@ _EVAL_ONLY = flags.DEFINE_bool(
     "Table demo configs: score the checkpoint (the config's own without --checkpoint_dir) and the untrained "
     "model on held-out scenes into OUT/demo_eval.json.",
 )
-_EVAL_SCENES = flags.DEFINE_integer("eval_scenes", 100, "Held-out scenes for --eval_only.", lower_bound=1)
+_EPISODES = flags.DEFINE_integer(
+    "episodes", 100, "Held-out scenes (an episode each) for --eval_only.", lower_bound=1
+)
+_EVAL_SCENES = flags.DEFINE_integer("eval_scenes", None, "Deprecated: use --episodes.", lower_bound=1)
 
 
 def _eval_only(cfg) -> None:
@@ -64,8 +78,11 @@ def _eval_only(cfg) -> None:
         cli.fail("--eval_only needs --out=DIR")
     if cfg.robot != "table":
         cli.fail(f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.robot!r}")
+    preflight.model(cfg, _CHECKPOINT.value, None)
+    preflight.writable(_OUT.value, folder=True)
+    episodes = cli.renamed(_EPISODES, _EVAL_SCENES)
     try:
-        report = scoring.eval_report(cfg, _CHECKPOINT.value, _EVAL_SCENES.value)
+        report = scoring.eval_report(cfg, _CHECKPOINT.value, episodes)
     except (ValueError, FileNotFoundError) as e:
         cli.fail(str(e))
     out = pathlib.Path(_OUT.value)
@@ -76,13 +93,15 @@ def _eval_only(cfg) -> None:
         print(
             f"{name:9s}: subtask exact match {r['subtask_exact_match']:.3f}, action MSE {r['action_mse']:.5f}"
         )
-    print(f"action MSE ratio {report['action_mse_ratio']:.4f} over {_EVAL_SCENES.value} held-out scenes")
+    print(f"action MSE ratio {report['action_mse_ratio']:.4f} over {episodes} held-out scenes")
     print(f"wrote {out / 'demo_eval.json'}")
 
 
 def _loss_on(cfg) -> None:
     if not _OUT.value:
         cli.fail("--loss_on needs --out")
+    preflight.checkpoint(_CHECKPOINT.value)
+    preflight.writable(_OUT.value, folder=False)
     with np.load(_LOSS_ON.value) as npz:
         arrays = {k.removeprefix("in/"): npz[k] for k in npz.files if not k.startswith("in/image_u8/")}
     if "real_action_dim" in arrays:
@@ -92,7 +111,9 @@ def _loss_on(cfg) -> None:
         batch = batch_from_arrays(arrays, spec.model)
     except inputs.InputError as e:
         cli.fail(f"{_LOSS_ON.value}: {e}")
-    params = load_params(spec.model, _CHECKPOINT.value, seed=cfg.seed, dtype="float32")
+    params = load_params(
+        spec.model, _CHECKPOINT.value, seed=cfg.seed, dtype=cli.params_dtype_value(_PARAMS_DTYPE)
+    )
     grad_fn = jax.jit(
         jax.value_and_grad(
             functools.partial(mean_loss, config=spec.model, loss_config=spec.loss), has_aux=True
@@ -147,11 +168,17 @@ def _train(cfg) -> None:
         cli.fail("training needs --run_dir (or --loss_on to evaluate the loss)")
     if _SYNTHETIC.value == bool(_DATASET.value):
         cli.fail("give exactly one of --dataset=DIR and --synthetic")
+    preflight.checkpoint(_CHECKPOINT.value)
+    if _DATASET.value:
+        preflight.extra("pyarrow", "train", "reading a LeRobot dataset (--dataset)")
+        preflight.tokenizer_file(cfg.tokenizer_path)
+    preflight.extra("matplotlib", "train", "plotting the training loss (RUN/loss.png)")
+    preflight.writable(_RUN_DIR.value, folder=True)
     model_config = config_lib.model_config(cfg)
 
     def init_params():
         if _CHECKPOINT.value:
-            return load_params(model_config, _CHECKPOINT.value, dtype="float32")
+            return load_params(model_config, _CHECKPOINT.value, dtype=cli.params_dtype_value(_PARAMS_DTYPE))
         return pi05.init_params(model_config, jax.random.key(cfg.seed))
 
     norm_stats = _norm_stats(cfg)
@@ -162,7 +189,7 @@ def _train(cfg) -> None:
             run_dir=_RUN_DIR.value,
             init_params=init_params,
             norm_stats=norm_stats,
-            num_steps=_NUM_STEPS.value,
+            num_steps=cli.renamed(_TRAIN_STEPS, _NUM_STEPS),
         )
     except (ValueError, FileNotFoundError, inputs.InputError) as e:
         cli.fail(str(e))
@@ -171,6 +198,10 @@ def _train(cfg) -> None:
 
 def main(_):
     cfg = _CONFIG.value
+    if _SEED.value is not None:
+        cfg.seed = _SEED.value
+    if _TOKENIZER.value:
+        cfg.tokenizer_path = _TOKENIZER.value
     if _LOSS_ON.value:
         _loss_on(cfg)
     elif _EVAL_ONLY.value:

@@ -5,10 +5,7 @@ import os
 import pathlib
 from collections.abc import Mapping
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+from oxygen_jax import plotting
 
 PLOTTED = ("loss", "loss_flow", "loss_ce")
 
@@ -35,7 +32,7 @@ def plot_losses(metrics_path: str | os.PathLike[str], out_path: str | os.PathLik
     steps = [row["step"] for row in rows]
     series = {name: [row.get(name, 0.0) for row in rows] for name in PLOTTED}
     series = {name: values for name, values in series.items() if any(values)}  # loss_ce is 0 without text
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plotting.pyplot().subplots(figsize=(7, 4))
     for name, values in series.items():
         ax.plot(steps, values, label=name, marker="." if len(rows) < 50 else None)
     values = [v for vs in series.values() for v in vs]
@@ -48,5 +45,5 @@ def plot_losses(metrics_path: str | os.PathLike[str], out_path: str | os.PathLik
     fig.tight_layout()
     out_path = pathlib.Path(out_path)
     fig.savefig(out_path, dpi=100)
-    plt.close(fig)
+    plotting.pyplot().close(fig)
     return out_path
