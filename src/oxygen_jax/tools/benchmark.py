@@ -27,7 +27,7 @@ import jax
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli, config
+from oxygen_jax import cli, config, preflight
 from oxygen_jax.benchmarks import (
     gpu_image,
     gpu_summary,
@@ -232,6 +232,10 @@ def main(_):
     if _MULTITASK.value:
         _multitask(_CONFIG.value, _CACHE.value or None)
         return
+    # What follows ends in figures, drawn after minutes of runs: matplotlib and the folder checked first.
+    preflight.extra("matplotlib", "benchmark", "drawing the benchmark figures")
+    if _OUT.value:
+        preflight.writable(_OUT.value, folder=True)
     if _SERVING.value:
         _serving(_CONFIG.value, _CACHE.value or None)
         return
