@@ -19,13 +19,13 @@ import fsspec
 import tqdm
 from fsspec.callbacks import Callback
 
-from oxygen_jax.errors import InvalidArgumentError, MissingFileError, UnreachableError
+from oxygen_jax.errors import InvalidArgumentError, MissingFileError, UnreachableError, install_hint
 
 _CACHE_ENV = "OPENPI_DATA_HOME"
 _DEFAULT_CACHE = "~/.cache/openpi"
 # Storage options per scheme: public buckets need no credentials (and gcsfs would otherwise look for them).
 _DEFAULT_OPTIONS: dict[str, dict[str, Any]] = {"gs": {"token": "anon"}}
-_INSTALL = {"gs": 'install gcsfs: pip install "oxygen_jax[gcs]"'}
+_INSTALL = {"gs": f"install gcsfs: {install_hint('gcs')}"}
 
 
 def cache_dir() -> pathlib.Path:

@@ -5,6 +5,12 @@ traceback (`cli.run`). Each also derives from the builtin error that library cal
 """
 
 
+def install_hint(extra: str) -> str:
+    """How a user installs one of the package's extras (from the registry, the repository or a checkout,
+    README's Install section says how the name is written there)."""
+    return f'pip install "oxygen_jax[{extra}]"'
+
+
 class UserError(Exception):
     """A mistake in what was asked, not a bug: reported in one line."""
 

@@ -3,9 +3,9 @@ is drawn, so inference and serving run without it, and a missing one is a one-li
 
 from types import ModuleType
 
-from oxygen_jax.errors import UserError
+from oxygen_jax.errors import UserError, install_hint
 
-INSTALL = 'pip install "oxygen_jax[plot]"'
+INSTALL = install_hint("plot")
 
 
 class MissingMatplotlibError(UserError, ImportError):

@@ -14,7 +14,7 @@ import sys
 import urllib.parse
 
 from oxygen_jax import checkpoints, config, download, tokenizer
-from oxygen_jax.errors import MissingFileError, UserError
+from oxygen_jax.errors import MissingFileError, UserError, install_hint
 
 # The fsspec backend each URL scheme needs, and the extra that installs it.
 _URL_BACKENDS = {"gs": ("gcsfs", "gcs")}
@@ -26,11 +26,6 @@ class PreflightError(UserError):
     def __init__(self, message: str, hint: str) -> None:
         super().__init__(message)
         self.hint = hint
-
-
-def install_hint(extra: str) -> str:
-    """How a user installs one of the package's extras."""
-    return f'pip install "oxygen_jax[{extra}]"'
 
 
 def _installed(module: str) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.errors import install_hint
 from oxygen_jax.evaluation import (
     chunking,
     console,
@@ -31,7 +32,7 @@ TASKS = {
     "AlohaInsertion-v0": "Insert the peg into the socket",
 }
 CONTROL_HZ = 50
-INSTALL = 'pip install "oxygen_jax[aloha]"'
+INSTALL = install_hint("aloha")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from oxygen_jax.errors import install_hint
 from oxygen_jax.evaluation import (
     chunking,
     console,
@@ -46,7 +47,7 @@ SUITE_MAX_STEPS = {
 DUMMY_ACTION = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0)
 ENV_RESOLUTION = 256
 CONTROL_HZ = 20
-INSTALL = 'pip install "oxygen_jax[libero]"'
+INSTALL = install_hint("libero")
 
 
 @dataclasses.dataclass(frozen=True)
