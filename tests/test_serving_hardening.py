@@ -2,6 +2,7 @@
 lossless drain, each against a small numpy backend on loopback."""
 
 import asyncio
+import signal
 import threading
 import time
 import urllib.error
@@ -13,6 +14,7 @@ import msgpack
 import numpy as np
 import pytest
 import websockets.sync.client
+from conftest import raw_observation, serve_script
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.serving import msgpack_numpy
@@ -267,3 +269,26 @@ def test_stopping_answers_requests_sent_but_not_yet_read_before_closing():
         assert closed_with(connection)[0] == 1001
     stopper.join(timeout=20)
     assert not stopper.is_alive()
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_sigterm_answers_every_robots_buffered_request(tmp_path):
+    """serve.py on the tiny model: four robots each send a request and, without waiting, a second one,
+    then the server gets SIGTERM. All eight are answered before each connection closes with 1001."""
+    with serve_script(tmp_path, "--drain_timeout_s=60") as (process, port):
+        connections = [robot(port) for _ in range(4)]
+        for connection in connections:  # warm-up: the first request compiles
+            connection.send(msgpack_numpy.packb(raw_observation()))
+            assert isinstance(connection.recv(timeout=120), bytes)
+        for connection in connections:
+            connection.send(msgpack_numpy.packb(raw_observation()))
+            connection.send(msgpack_numpy.packb(raw_observation() | {"prompt": "open the drawer"}))
+        process.send_signal(signal.SIGTERM)
+        answered = 0
+        for connection in connections:
+            replies = [connection.recv(timeout=60) for _ in range(2)]
+            answered += sum(msgpack_numpy.unpackb(reply)["actions"].shape == (10, 7) for reply in replies)
+            assert closed_with(connection) == (1001, "server shutting down")
+        assert answered == 8
+        assert process.wait(timeout=60) == 0
