@@ -23,6 +23,13 @@ carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and webs
 on the same port receive every robot's tokens as they are produced. The first request compiles every
 shape (a one-time wait). `--language=inline` instead answers one request at a time and decodes its text
 to completion within it.
+
+No client can stall or lock out the others: robot connections and `/text` subscribers have caps of their
+own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`), idle ones are closed after
+`--idle_timeout_s`, a message must arrive whole within `--receive_timeout_s`, and SIGTERM answers every
+request received or buffered before closing, within `--drain_timeout_s`. `--api_key` (or
+$OXYGEN_API_KEY) makes robots and `/text` send `Authorization: Api-Key <key>` (openpi-client's `api_key`);
+`GET /healthz` and `GET /readyz` stay open (docs/serving.md).
 """
 
 import os
