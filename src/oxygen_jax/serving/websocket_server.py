@@ -366,8 +366,9 @@ class _ConnectionHandler:
         key); compared in constant time."""
         if self._limits.api_key is None:
             return True
-        sent = request.headers.get("Authorization", "")
-        return hmac.compare_digest(sent.encode(), f"Api-Key {self._limits.api_key}".encode())
+        sent = request.headers.get_all("Authorization")
+        expected = f"Api-Key {self._limits.api_key}".encode()
+        return len(sent) == 1 and hmac.compare_digest(sent[0].encode(), expected)
 
     def _readiness(self, connection: ServerConnection) -> Response:
         """200 "ready" when the backend is ready, the server is not draining and a robot can connect;
