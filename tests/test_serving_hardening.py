@@ -198,35 +198,41 @@ def test_readyz_says_ready_only_with_a_ready_backend_and_a_free_robot_slot():
 # --- 3. request preparation: one robot's cannot delay another's ---
 
 
-class SlowPrepareSession:
-    """A session whose `submit` takes 1.5 s for the robot sending `slow` and no time otherwise."""
+class BlockingPrepareSession:
+    """A session whose preparation of the robot sending `slow` waits until another robot's request was
+    answered (at most 10 s): behind one shared prepare thread it would wait in vain."""
 
     metadata = None
 
+    def __init__(self) -> None:
+        self.other_answered = threading.Event()
+        self.slow_saw_other_answered: bool | None = None
+
     def submit(self, request: Any, answer: Callable[[dict], None]) -> None:
-        time.sleep(1.5 if "slow" in request.obs else 0.0)
+        if "slow" in request.obs:
+            self.slow_saw_other_answered = self.other_answered.wait(timeout=10)
         answer({"actions": np.asarray(request.obs["state"])})
+        if "slow" not in request.obs:
+            self.other_answered.set()
 
     def end(self, client: Any) -> None:
         pass
 
 
 def test_a_slow_preparation_does_not_hold_up_another_robots_request():
-    backend = SessionServerBackend(SlowPrepareSession())
+    session = BlockingPrepareSession()
+    backend = SessionServerBackend(session)
 
-    async def both() -> float:
+    async def both() -> None:
         slow = asyncio.create_task(backend.infer_async({"state": STATE, "slow": True}))
-        await asyncio.sleep(0.1)
-        start = time.monotonic()
-        await backend.infer_async({"state": STATE})
-        waited = time.monotonic() - start
-        await slow
-        return waited
+        await asyncio.sleep(0.1)  # the slow one holds a prepare thread
+        await asyncio.gather(backend.infer_async({"state": STATE}), slow)
 
     try:
-        assert asyncio.run(both()) < 1.0  # behind the slow one it would wait about 1.4 s
+        asyncio.run(both())
     finally:
         backend._prepare.shutdown()
+    assert session.slow_saw_other_answered is True
 
 
 # --- 4. authentication ---
