@@ -4,15 +4,18 @@ A healthy client sends the same observation with the same action noise over and 
 equal the first one it got (to float32 batch rounding) and its text must keep arriving. Meanwhile an
 attacker sends one request of each hostile kind (`hostile_requests`: malformed observations and options
 built from the robot's `RawSpec`) and a few transport faults (`FAULTS`: bytes that are not msgpack, a text
-frame, a 200 MB message, a disconnect with a request in flight, a silent connection). The
-result (`ProbeReport`) says, per kind, what the attacker got back and whether the healthy robot noticed.
+frame, a 200 MB message, a disconnect with a request in flight, a silent connection), then whatever
+further attacks the caller adds (`scripts/stall_attacks.py`). The result (`ProbeReport`) says, per kind,
+what the attacker got back and whether the healthy robot noticed, and holds each healthy request's send
+and reply times and each attack's time window, so its latency during each attack can be told apart.
 
 Only the attacker's own connection may suffer: a one-line `Bad request: ...` (or a normal reply, for
 input the robot's transforms ignore), a closed connection for a message over the limit.
 """
 
 import dataclasses
-import threading
+import itertools
+import multiprocessing
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,6 +29,19 @@ from oxygen_jax.serving import msgpack_numpy
 
 IMAGE_SHAPE = (224, 224, 3)
 HEALTHY_ATOL = 1e-5  # a batch of two rounds differently from a batch of one (float32)
+HEALTHY_ALONE = 30  # requests the healthy robot sends before any attack, for its median latency alone
+Headers = dict[str, str] | None
+Attack = Callable[[str, Headers], "Outcome"]
+
+
+def auth_headers(api_key: str | None) -> Headers:
+    """The header openpi-client sends for its `api_key`."""
+    return {"Authorization": f"Api-Key {api_key}"} if api_key else None
+
+
+def connect(url: str, headers: Headers, **options: Any) -> Any:
+    """A websocket client connection as the probe's clients open them."""
+    return websockets.sync.client.connect(url, max_size=None, additional_headers=headers, **options)
 
 
 def valid_observation(spec: RawSpec, prompt: str = "pick up the bowl", seed: int = 0) -> dict[str, Any]:
@@ -130,6 +146,8 @@ class ProbeReport:
     healthy_affected: int = 0
     healthy_texts_done: int = 0
     healthy_errors: list[str] = dataclasses.field(default_factory=list)
+    healthy_times: list[tuple[float, float, bool]] = dataclasses.field(default_factory=list)  # sent, got, ok
+    windows: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # attack -> start, end
     seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -144,43 +162,72 @@ class ProbeReport:
         }
 
 
-class _HealthyRobot(threading.Thread):
-    """Sends one observation with fixed noise until stopped; counts replies that differ from its first
-    and the language requests it saw finish."""
+_FORK = multiprocessing.get_context("fork")
+_HEALTHY_FIELDS = (
+    "healthy_replies",
+    "healthy_affected",
+    "healthy_texts_done",
+    "healthy_errors",
+    "healthy_times",
+)
 
-    def __init__(self, url: str, obs: dict[str, Any], report: ProbeReport) -> None:
+
+class _HealthyRobot(_FORK.Process):
+    """Sends one observation with fixed noise until stopped; counts replies that differ from its first
+    and the language requests it saw finish. It runs in a process of its own, so that the attacker's work
+    in this one (packing a 15 MB message, say) cannot delay it: its latency is the server's."""
+
+    def __init__(self, url: str, headers: Headers, obs: dict[str, Any], report: ProbeReport) -> None:
         super().__init__(daemon=True)
-        self._url, self._report = url, report
+        self._url, self._headers, self._report = url, headers, report
         self._request = obs | {"noise": np.random.default_rng(7).standard_normal((10, 32)).astype(np.float32)}
-        self._stop_event = threading.Event()
-        self.first_reply = threading.Event()
+        self._stop_event = _FORK.Event()
+        self.warm = _FORK.Event()  # set after its `HEALTHY_ALONE` requests alone
+        self._results, self._send_results = _FORK.Pipe(duplex=False)
         self._reference: np.ndarray | None = None
 
+    def start(self) -> None:
+        super().start()
+        self._send_results.close()  # the child's copy remains: a child that dies ends `stop`'s wait
+
     def stop(self) -> None:
+        """Stops it and copies what it saw into the report."""
         self._stop_event.set()
+        fields = self._results.recv()
         self.join()
+        for name, value in fields.items():
+            setattr(self._report, name, value)
 
     def run(self) -> None:
         try:
-            with websockets.sync.client.connect(self._url, max_size=None) as websocket:
+            with connect(self._url, self._headers) as websocket:
                 websocket.recv()  # metadata
-                while not self._stop_event.is_set():
+                websocket.send(msgpack_numpy.packb(self._request))
+                self._check(websocket.recv())  # the first request compiles: no latency to count
+                for sent in itertools.count():
+                    if self._stop_event.is_set():
+                        break
+                    start = time.perf_counter()
                     websocket.send(msgpack_numpy.packb(self._request))
-                    self._check(websocket.recv())
-                    self.first_reply.set()
+                    ok = self._check(websocket.recv())
+                    self._report.healthy_times.append((start, time.perf_counter(), ok))
+                    if sent + 1 == HEALTHY_ALONE:
+                        self.warm.set()
         except (ConnectionClosed, OSError) as error:
             self._report.healthy_affected += 1
             self._report.healthy_errors.append(f"connection lost: {error}")
         finally:
-            self.first_reply.set()
+            self.warm.set()
+            self._send_results.send({name: getattr(self._report, name) for name in _HEALTHY_FIELDS})
 
-    def _check(self, reply: str | bytes) -> None:
+    def _check(self, reply: str | bytes) -> bool:
+        """Counts the reply; whether it is the robot's usual actions."""
         report = self._report
         report.healthy_replies += 1
         if isinstance(reply, str):
             report.healthy_affected += 1
             report.healthy_errors.append(reply.splitlines()[0])
-            return
+            return False
         reply = msgpack_numpy.unpackb(reply)
         actions = np.asarray(reply["actions"])
         if self._reference is None:
@@ -190,6 +237,7 @@ class _HealthyRobot(threading.Thread):
         )
         report.healthy_affected += int(not same)
         report.healthy_texts_done += int(bool(reply.get("text_done")))
+        return same
 
 
 def _outcome(reply: str | bytes) -> Outcome:
@@ -200,12 +248,12 @@ def _outcome(reply: str | bytes) -> Outcome:
     return Outcome("refused" if reply.startswith("Bad request") else "internal", reply)
 
 
-def _fault(send: Callable[[Any], Any]) -> Callable[[str], Outcome]:
+def fault_attack(send: Callable[[Any], Any]) -> Attack:
     """An attack on a fresh connection: `send` acts on it, then the server's answer (if any) is read."""
 
-    def attack(url: str) -> Outcome:
+    def attack(url: str, headers: Headers) -> Outcome:
         try:
-            with websockets.sync.client.connect(url, max_size=None) as websocket:
+            with connect(url, headers) as websocket:
                 websocket.recv()
                 result = send(websocket)
                 return result if isinstance(result, Outcome) else _outcome(websocket.recv(timeout=120))
@@ -230,35 +278,51 @@ def _silent(websocket: Any) -> Outcome:
     return Outcome("answered", "held a connection open without sending")
 
 
-def faults(base: dict[str, Any]) -> dict[str, Callable[[str], Outcome]]:
+def faults(base: dict[str, Any]) -> dict[str, Attack]:
     """Transport-level faults, each on its own connection."""
     oversize = np.zeros(200 * 2**20, np.uint8)
     return {
-        "fault not msgpack": _fault(lambda ws: ws.send(b"\xc1\xff not msgpack")),
-        "fault text frame": _fault(lambda ws: ws.send("hello")),
-        "fault msgpack list": _fault(lambda ws: ws.send(msgpack_numpy.packb([1, 2, 3]))),
-        "fault 200 MB message": _fault(lambda ws: ws.send(msgpack_numpy.packb(base | {"x": oversize}))),
-        "fault disconnect in flight": _fault(_leave_with_request_in_flight(base)),
-        "fault silent connection": _fault(_silent),
+        "fault not msgpack": fault_attack(lambda ws: ws.send(b"\xc1\xff not msgpack")),
+        "fault text frame": fault_attack(lambda ws: ws.send("hello")),
+        "fault msgpack list": fault_attack(lambda ws: ws.send(msgpack_numpy.packb([1, 2, 3]))),
+        "fault 200 MB message": fault_attack(lambda ws: ws.send(msgpack_numpy.packb(base | {"x": oversize}))),
+        "fault disconnect in flight": fault_attack(_leave_with_request_in_flight(base)),
+        "fault silent connection": fault_attack(_silent),
     }
 
 
-def probe(url: str, spec: RawSpec, *, progress: Callable | None = None) -> ProbeReport:
-    """Run every hostile kind and fault against the server at `url` beside a healthy robot."""
+def request_attack(request: dict[str, Any]) -> Attack:
+    """An attack that sends `request` on a fresh connection and reads the answer."""
+    return fault_attack(lambda websocket: websocket.send(msgpack_numpy.packb(request)))
+
+
+def probe(
+    url: str,
+    spec: RawSpec,
+    *,
+    api_key: str | None = None,
+    more: Callable[[dict[str, Any]], dict[str, Attack]] | None = None,
+    progress: Callable | None = None,
+) -> ProbeReport:
+    """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
+    `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other."""
     base = valid_observation(spec)
-    attacks: dict[str, Callable[[str], Outcome]] = {
-        name: _fault(lambda websocket, request=request: websocket.send(msgpack_numpy.packb(request)))
-        for name, request in hostile_requests(spec, base).items()
+    attacks: dict[str, Attack] = {
+        name: request_attack(request) for name, request in hostile_requests(spec, base).items()
     }
     attacks |= faults(base)
+    attacks |= more(base) if more else {}
     report = ProbeReport(outcomes={})
-    healthy = _HealthyRobot(url, valid_observation(spec, seed=1), report)
+    headers = auth_headers(api_key)
+    healthy = _HealthyRobot(url, headers, valid_observation(spec, seed=1), report)
     start = time.perf_counter()
     healthy.start()
-    healthy.first_reply.wait(timeout=600)
+    healthy.warm.wait(timeout=600)
     names = progress(list(attacks)) if progress else list(attacks)
     for name in names:
-        report.outcomes[name] = attacks[name](url)
+        began = time.perf_counter()
+        report.outcomes[name] = attacks[name](url, headers)
+        report.windows[name] = (began, time.perf_counter())
     healthy.stop()
     report.seconds = time.perf_counter() - start
     return report

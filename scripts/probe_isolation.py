@@ -1,12 +1,16 @@
 """Attack a policy server with every kind of hostile request while a healthy robot checks its replies.
 
   python scripts/probe_isolation.py --env=libero --out=benchmarks/results/cpu-2core
-  python scripts/probe_isolation.py --server=localhost:8000 --env=libero   # a server already running
+  python scripts/probe_isolation.py --server=localhost:8000 --env=libero --api_key=KEY  # already running
 
-Without `--server`, starts `scripts/serve.py --config=pi05_tiny` (random init, language on) on a free port,
-probes it and shuts it down with SIGTERM. Prints one row per hostile kind and the summary; `--out=DIR`
-writes `DIR/isolation.json`. Exits non-zero when any healthy reply was affected or an attacker got
-anything but a one-line refusal, a normal reply or a closed connection.
+Without `--server`, starts `scripts/serve.py --config=pi05_tiny` (random init, language on, text tasks
+on, `--api_key`) on a free port, probes it, then checks that SIGTERM answers the requests four robots had
+buffered, and measures the server's RSS throughout. The stall and lock-out attacks of `stall_attacks.py`
+follow the malformed requests (`--scale` sizes them; 1: a 15 MB message). Prints one row per hostile kind,
+the summary and a table per stall attack (the healthy robot's worst latency against its median alone,
+its errors, the server's RSS); `--out=DIR` writes `DIR/isolation.json`. Exits non-zero when any healthy
+reply was affected, a robot was locked out, a buffered request was lost, a keyless client was served or
+an attacker got anything but a one-line refusal, a normal reply or a closed connection.
 """
 
 import json
@@ -16,10 +20,12 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 
 import hostile_probe  # scripts/hostile_probe.py, beside this script
+import stall_attacks  # scripts/stall_attacks.py, beside this script
 from absl import app, flags
 from tqdm import tqdm
 
@@ -30,6 +36,9 @@ _ENV = flags.DEFINE_enum("env", "libero", ["libero", "droid", "aloha"], "Robot w
 _CONFIG = flags.DEFINE_string("config", "pi05_tiny", "Config of the server this script starts.")
 _MAX_TEXT = flags.DEFINE_integer("max_text_tokens", 8, "Language per request on the started server.")
 _OUT = flags.DEFINE_string("out", None, "Directory for isolation.json.")
+_API_KEY = flags.DEFINE_string("api_key", "probe-key", "API key of the server (the started one gets it).")
+_SCALE = flags.DEFINE_float("scale", 1.0, "Size of the stall attacks (1: a 15 MB message).")
+_RECEIVE_TIMEOUT_S = flags.DEFINE_float("receive_timeout_s", 5.0, "The started server's receive deadline.")
 
 SPECS = {"libero": libero.RAW_SPEC, "droid": droid.RAW_SPEC, "aloha": aloha.RAW_SPEC}
 ACCEPTABLE = {"refused", "answered", "closed"}
@@ -46,9 +55,10 @@ def _start_server(port: int) -> subprocess.Popen:
     command = [
         sys.executable, str(serve), f"--config={_CONFIG.value}", f"--env={_ENV.value}", f"--port={port}",
         "--host=127.0.0.1", f"--max_text_tokens={_MAX_TEXT.value}",
-        "--params_dtype=float32",
+        "--params_dtype=float32", "--max_text_tasks=4", f"--receive_timeout_s={_RECEIVE_TIMEOUT_S.value}",
     ]  # fmt: skip
-    server = subprocess.Popen(command, env=os.environ | {"JAX_PLATFORMS": "cpu"}, stderr=subprocess.DEVNULL)
+    env = os.environ | {"JAX_PLATFORMS": "cpu", "OXYGEN_API_KEY": _API_KEY.value}
+    server = subprocess.Popen(command, env=env, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if server.poll() is not None:
@@ -70,20 +80,48 @@ def main(_):
         port = _free_port()
         server = _start_server(port)
         address = f"127.0.0.1:{port}"
+    url, spec = f"ws://{address}", SPECS[_ENV.value]
+    rss = None if server is None else stall_attacks.RssSampler(server.pid)
+    stalls: list[str] = []
+    signalled = threading.Event()  # SIGTERM was sent: a second one would kill the server mid-drain
+
+    def more(base: dict) -> dict:
+        attacks = stall_attacks.stall_attacks(base, scale=_SCALE.value)
+        stalls.extend(attacks)
+        return attacks
+
     try:
+        if rss is not None:
+            rss.start()
         report = hostile_probe.probe(
-            f"ws://{address}",
-            SPECS[_ENV.value],
+            url,
+            spec,
+            api_key=_API_KEY.value,
+            more=more,
             progress=lambda names: tqdm(names, desc="hostile kinds", unit="kind"),
         )
-    finally:
+        table = stall_attacks.stall_table(report, stalls, rss)
         if server is not None:
-            server.send_signal(signal.SIGTERM)
+            shutdown = stall_attacks.buffered_at_shutdown(
+                url,
+                hostile_probe.auth_headers(_API_KEY.value),
+                hostile_probe.valid_observation(spec),
+                lambda: (signalled.set(), server.send_signal(signal.SIGTERM)),
+            )
+            report.outcomes["SIGTERM with buffered requests"] = shutdown
+            table.append({"attack": "SIGTERM with buffered requests", "attacker got": shutdown.detail})
+    finally:
+        if rss is not None:
+            rss.stop()
+        if server is not None:
+            if not signalled.is_set():
+                server.send_signal(signal.SIGTERM)
             server.wait(timeout=60)
     for name, outcome in report.outcomes.items():
-        print(f"{name:34s} {outcome.kind:10s} {outcome.detail[:90]}")
+        print(f"{name:40s} {outcome.kind:10s} {outcome.detail[:90]}")
     summary = report.summary()
     print(json.dumps(summary, indent=1))
+    print(stall_attacks.markdown(table))
     if _OUT.value:
         out = pathlib.Path(_OUT.value)
         out.mkdir(parents=True, exist_ok=True)
@@ -92,9 +130,12 @@ def main(_):
             "summary": summary,
             "outcomes": {name: vars(outcome) for name, outcome in report.outcomes.items()},
             "healthy_errors": report.healthy_errors,
+            "stall_table": table,
         }
         (out / "isolation.json").write_text(json.dumps(record, indent=1) + "\n")
     bad = [name for name, outcome in report.outcomes.items() if outcome.kind not in ACCEPTABLE]
+    if report.outcomes["no API key"].kind != "refused":
+        bad.append("no API key")
     if bad or report.healthy_affected:
         affected = report.healthy_affected
         raise SystemExit(f"isolation broken: attackers got {bad}; healthy replies affected: {affected}")

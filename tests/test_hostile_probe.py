@@ -23,11 +23,18 @@ def test_hostile_kinds_each_break_one_thing_of_a_valid_observation():
     assert cases["extra actions key"]["observation/image"] is base["observation/image"]
 
 
-@pytest.mark.slow  # ~1.5 min on a quiet 2-core machine: the script is also the recorded figure
+@pytest.mark.slow  # ~2 min on a quiet 2-core machine: the script is also the recorded figure
 @pytest.mark.timeout(600)
 def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
     run = subprocess.run(
-        [sys.executable, str(SCRIPT), "--env=libero", "--max_text_tokens=4", f"--out={tmp_path}"],
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--env=libero",
+            "--max_text_tokens=4",
+            "--scale=0.05",
+            f"--out={tmp_path}",
+        ],
         check=False,
         capture_output=True,
         text=True,
@@ -44,3 +51,13 @@ def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
     oversize = outcomes["fault 200 MB message"]
     assert oversize["kind"] == "closed" and "1009" in oversize["detail"]
     assert outcomes["extra actions key"]["kind"] == "answered"
+    for name in ("0.75 MB list of ints x3", "0.75 MB task instruction", "task options as strings and floats"):
+        assert outcomes[name]["kind"] == "refused", name
+    assert outcomes["no API key"]["detail"].startswith("HTTP 401")
+    assert outcomes["63 idle subscribers + 60 idle robots"]["kind"] == "answered"
+    assert (
+        outcomes["1-byte fragments"]["kind"] == "closed" and "1008" in outcomes["1-byte fragments"]["detail"]
+    )
+    assert outcomes["SIGTERM with buffered requests"]["detail"].startswith("8 of 8 requests answered")
+    stalls = {row["attack"]: row for row in record["stall_table"]}
+    assert all(row.get("healthy errors or changes", 0) == 0 for row in stalls.values())

@@ -340,12 +340,19 @@ def test_an_idle_connection_is_closed():
         assert closed.value.rcvd.code == 1001 and "idle" in closed.value.rcvd.reason
 
 
-def test_deep_nesting_is_refused_in_one_line(server):
+@pytest.mark.parametrize(
+    ("levels", "problem"),
+    [
+        (9, "observation nested deeper than 8 levels"),
+        (1000, "observation holds more than 256 maps and lists"),
+    ],
+)
+def test_deep_nesting_is_refused_in_one_line(server, levels, problem):
     deep: dict = {"state": np.ones(2)}
-    for _ in range(1000):
+    for _ in range(levels):
         deep = {"x": deep}
     reply = raw_exchange(server.port, msgpack_numpy.packb(deep))
-    assert isinstance(reply, str) and reply.startswith("Bad request: observation nested deeper")
+    assert isinstance(reply, str) and reply.startswith(f"Bad request: {problem}")
 
 
 def test_healthz_answers_over_plain_http(server):

@@ -61,3 +61,39 @@ def test_bad_task_is_one_line_error(policy, tasks, named):
         policy.infer(raw_observation(), text_tasks=tasks)
     assert "\n" not in str(error.value)
     assert "actions" in policy.infer(raw_observation())  # the policy still serves the next request
+
+
+@pytest.mark.parametrize(
+    ("tasks", "named"),
+    [
+        ({"huge": "a" * 1_000_000}, "instruction is 1000000 characters, at most 1000"),
+        ({"n" * 2**20: "what next"}, "text task names: at most 64 characters, got 1048576"),
+    ],
+)
+def test_task_sizes_are_refused_before_anything_is_tokenized(policy, monkeypatch, tasks, named):
+    tokenized = []
+    monkeypatch.setattr(policy, "task_suffix", tokenized.append)
+    monkeypatch.setattr(policy, "model_inputs", tokenized.append)
+    with pytest.raises(ValueError, match=named) as error:
+        policy.infer(raw_observation(), text_tasks=tasks)
+    assert len(str(error.value)) < 200 and not tokenized
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "problem"),
+    [
+        ("max_text_tokens", "5", "expected an integer, got str '5'"),
+        ("max_text_tokens", 2.7, "expected an integer, got float 2.7"),
+        ("max_text_tokens", True, "expected an integer, got bool True"),
+        ("temperature", "0.5", "expected a number, got str '0.5'"),
+        ("temperature", float("inf"), "expected a finite number, got inf"),
+    ],
+)
+def test_task_options_are_checked_as_request_options(policy, option, value, problem):
+    """The same value is refused with the same words at the request's top and inside a task."""
+    with pytest.raises(ValueError, match="'" + option + "': " + problem) as at_top:
+        policy.infer(raw_observation(), **{option: value})
+    task = {"t": {"instruction": "what next", option: value}}
+    with pytest.raises(ValueError, match="'text task t: " + option + "': " + problem) as in_task:
+        policy.infer(raw_observation(), text_tasks=task)
+    assert str(in_task.value).replace("text task t: ", "") == str(at_top.value)

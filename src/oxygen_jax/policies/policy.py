@@ -29,6 +29,7 @@ from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
+from oxygen_jax.policies.request_options import integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
 from oxygen_jax.tokenizer import Tokenizer, pad_or_truncate
@@ -239,16 +240,17 @@ class Policy:
         budget = self.text_budget(options.prompt_for_text, options.max_text_tokens)
         temperature = self.text_temperature(options.temperature)
         top_p = self.text_top_p(options.top_p)
+        tasks = None if options.text_tasks is None else parse_text_tasks(options.text_tasks)
+        if tasks is not None and max_tasks is not None and len(tasks) > max_tasks:
+            limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
+            raise InvalidRequest(f"text_tasks: {limit}")
+        # Every check on sizes above and in `RobotIO` runs before anything is tokenized.
         arrays = {key: np.asarray(value)[None] for key, value in self.model_inputs(obs).items()}
         noise = None if options.noise is None else self.action_noise(options.noise)
         with self._rng_lock:
             noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
         texts: tuple[TextPlan, ...] = ()
-        if options.text_tasks is not None:
-            tasks = parse_text_tasks(options.text_tasks)
-            if max_tasks is not None and len(tasks) > max_tasks:
-                limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
-                raise InvalidRequest(f"text_tasks: {limit}")
+        if tasks is not None:
             texts = tuple(
                 TextPlan(
                     task.name,
@@ -355,14 +357,16 @@ class Policy:
 
     def text_temperature(self, temperature: float | None) -> float:
         """This call's sampling temperature (the policy's when None), checked."""
-        temperature = self._temperature if temperature is None else float(temperature)
+        temperature = number_option(temperature, "temperature")
+        temperature = self._temperature if temperature is None else temperature
         if not 0.0 <= temperature <= MAX_TEMPERATURE:
             raise InvalidRequest(f"temperature must lie in [0, {MAX_TEMPERATURE:g}], got {temperature}")
         return temperature
 
     def text_top_p(self, top_p: float | None) -> float:
         """This call's nucleus mass (the policy's when None), checked."""
-        top_p = self._top_p if top_p is None else float(top_p)
+        top_p = number_option(top_p, "top_p")
+        top_p = self._top_p if top_p is None else top_p
         if not 0.0 < top_p <= 1.0:
             raise InvalidRequest(f"top_p must lie in (0, 1], got {top_p}")
         return top_p
@@ -371,7 +375,8 @@ class Policy:
         """New tokens this call may generate (0: no text); the jitted buffer stays `self.max_text_tokens`."""
         if prompt_for_text is False:
             return 0
-        budget = self.max_text_tokens if max_text_tokens is None else int(max_text_tokens)
+        budget = integer_option(max_text_tokens, "max_text_tokens")
+        budget = self.max_text_tokens if budget is None else budget
         if not 0 <= budget <= self.max_text_tokens:
             raise InvalidRequest(f"max_text_tokens must lie in [0, {self.max_text_tokens}], got {budget}")
         if prompt_for_text and budget == 0:

@@ -2,7 +2,8 @@
 
 A request's `text_tasks` is a map name -> instruction, or name -> {"instruction", "max_text_tokens",
 "temperature"}, or a list of such dicts with a "name". Every mistake is a one-line `InvalidRequest` that
-names the task, so a bad task fails its own request only.
+names the task, so a bad task fails its own request only. Names and instructions are capped in characters
+here, before anything is tokenized; the options go through `request_options`, as at the request's top.
 """
 
 import dataclasses
@@ -10,8 +11,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.policies.request_options import integer_option, number_option
 
 _OPTIONS = ("instruction", "max_text_tokens", "temperature")
+# Every event of the text stream repeats the task's name.
+MAX_TASK_NAME_CHARS = 64
+# An instruction is at most `policy.MAX_TASK_TOKENS` (32) tokens; no tokenizer makes fewer of more characters.
+MAX_INSTRUCTION_CHARS = 1000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +32,9 @@ class TextTask:
 
 def _task(name: Any, spec: Any) -> TextTask:
     if not isinstance(name, str) or not name:
-        raise InvalidRequest(f"text task names must be non-empty strings, got {name!r}")
+        raise InvalidRequest(f"text task names must be non-empty strings, got {type(name).__name__}")
+    if len(name) > MAX_TASK_NAME_CHARS:
+        raise InvalidRequest(f"text task names: at most {MAX_TASK_NAME_CHARS} characters, got {len(name)}")
     if isinstance(spec, str):
         spec = {"instruction": spec}
     if not isinstance(spec, Mapping):
@@ -39,7 +47,17 @@ def _task(name: Any, spec: Any) -> TextTask:
     instruction = spec.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         raise InvalidRequest(f"text task {name!r}: needs a non-empty 'instruction' string")
-    return TextTask(name, instruction, spec.get("max_text_tokens"), spec.get("temperature"))
+    if len(instruction) > MAX_INSTRUCTION_CHARS:
+        length = len(instruction)
+        raise InvalidRequest(
+            f"text task {name!r}: instruction is {length} characters, at most {MAX_INSTRUCTION_CHARS}"
+        )
+    return TextTask(
+        name,
+        instruction,
+        integer_option(spec.get("max_text_tokens"), f"text task {name}: max_text_tokens"),
+        number_option(spec.get("temperature"), f"text task {name}: temperature"),
+    )
 
 
 def parse_text_tasks(tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[TextTask]:

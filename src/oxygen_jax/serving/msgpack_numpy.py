@@ -7,6 +7,7 @@ object and either side decodes the other's. Object, void and complex dtypes are 
 they cannot travel as plain bytes, and decoding them from a buffer would be unsafe.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -22,9 +23,24 @@ def packb(obj: Any) -> bytes:
     return msgpack.packb(obj, default=_encode)
 
 
-def unpackb(data: bytes) -> Any:
-    """Deserialize :func:`packb` or openpi client bytes; arrays are read-only views, not copies."""
-    return msgpack.unpackb(data, object_hook=_decode)
+def unpackb(data: bytes, *, on_container: Callable[[], None] | None = None, **limits: int) -> Any:
+    """Deserialize :func:`packb` or openpi client bytes; arrays are read-only views, not copies.
+
+    limits: msgpack's own (`max_array_len`, `max_map_len`, ...), checked on each header before its items
+    are read; `on_container()` runs once per map and list as it is built and may raise to stop decoding.
+    """
+    if on_container is None:
+        return msgpack.unpackb(data, object_hook=_decode, **limits)
+
+    def object_hook(obj: dict) -> Any:
+        on_container()
+        return _decode(obj)
+
+    def list_hook(items: list) -> list:
+        on_container()
+        return items
+
+    return msgpack.unpackb(data, object_hook=object_hook, list_hook=list_hook, **limits)
 
 
 def _checked_dtype(dtype: Any) -> np.dtype:

@@ -20,6 +20,7 @@ the text stream); they are taken out before the robot transforms see the observa
 """
 
 import asyncio
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -35,27 +36,12 @@ MAX_ROBOT_ID = 64
 REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id")
 
 
-def _option(value: Any, kind: type, name: str) -> Any:
-    """A msgpack number as `kind` (an int option takes integers only), or `InvalidRequest` naming it."""
-    numbers = (int, np.integer) if kind is int else (int, float, np.integer, np.floating)
-    if value is None:
-        return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers):
-        expected = "an integer" if kind is int else "a number"
-        raise InvalidRequest(f"{name!r}: expected {expected}, got {type(value).__name__}")
-    return kind(value)
-
-
 def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
-    """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id)."""
+    """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id).
+    The options are checked by the policy (`policies.request_options`), as those of its text tasks."""
     obs = dict(obs)
     noise, max_text_tokens, temperature, top_p, robot_id = (obs.pop(name, None) for name in REQUEST_OPTIONS)
-    options = {
-        "noise": noise,
-        "max_text_tokens": _option(max_text_tokens, int, "max_text_tokens"),
-        "temperature": _option(temperature, float, "temperature"),
-        "top_p": _option(top_p, float, "top_p"),
-    }
+    options = {"noise": noise, "max_text_tokens": max_text_tokens, "temperature": temperature, "top_p": top_p}
     return obs, options, _robot_id(robot_id)
 
 
@@ -95,15 +81,18 @@ class PolicyServerBackend:
 class SessionServerBackend:
     """An `AsyncPolicyBackend` that serves every connection as one robot of a `MultiRobotSession`.
 
-    Requests are prepared on a worker thread, then queued on the session's runtime; each reply is
-    finished and sent as soon as its actions are on the host. A client that disconnects has its waiting
-    observations dropped and its language request cancelled, which frees its slot. `subscribe_text`
-    feeds the server's `/text` stream.
+    Requests are prepared on a pool of `prepare_workers` threads (default: one per core, at least two), so
+    one robot's expensive preparation (large images, a long prompt) never holds up another robot's, then
+    queued on the session's runtime; each reply is finished and sent as soon as its actions are on the
+    host. A connection has one request in flight at a time, so a robot takes at most one worker. A client
+    that disconnects has its waiting observations dropped and its language request cancelled, which frees
+    its slot. `subscribe_text` feeds the server's `/text` stream.
     """
 
-    def __init__(self, session: MultiRobotSession) -> None:
+    def __init__(self, session: MultiRobotSession, *, prepare_workers: int | None = None) -> None:
         self._session = session
-        self._prepare = ThreadPoolExecutor(1, thread_name_prefix="prepare")
+        workers = prepare_workers or max(2, os.cpu_count() or 1)
+        self._prepare = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
         self._clients: set[asyncio.Task] = set()
 
     @property

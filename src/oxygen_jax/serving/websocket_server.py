@@ -4,33 +4,54 @@ Protocol, as openpi speaks it: on connect the server sends the backend's metadat
 binary msgpack-numpy observation with one binary msgpack-numpy result. Each result carries
 ``server_timing = {"infer_ms", "prev_total_ms"}`` (the latter from the second request on: the previous
 request's time from receipt until its reply was sent) and ``policy_timing = {"infer_ms"}``, which the
-server fills with the backend call time unless the backend reports its own. ``GET /healthz`` on the same
-port answers 200 over plain HTTP.
+server fills with the backend call time unless the backend reports its own. On the same port over plain
+HTTP, ``GET /healthz`` answers 200 while the process serves, and ``GET /readyz`` 200 "ready" only when the
+backend says it is ready (its ``ready``, if it has one), the server is not draining and a robot slot is
+free (else 503 and the reason).
 
 A backend with ``subscribe_text(listener)`` also streams text: a websocket client of ``/text`` (optionally
 ``/text?robot_id=<id>`` for one robot) receives one binary msgpack message per text event the backend
-reports, as it happens, and sends nothing. Without such a backend ``/text`` answers HTTP 404.
+reports, as it happens. Without such a backend ``/text`` answers HTTP 404.
 
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
-map or nested too deep, or a backend raising `InvalidRequest`) gets one line, ``"Bad request: ... (error
-id ...)"``, logged at INFO. Anything else the backend raises is a server fault: ``"Internal server error:
-<type> (error id ...)"``, its traceback logged at ERROR under the same id (``ServerLimits.debug_errors``
-also sends it). Either way the connection keeps serving.
+map or too big a structure, see `request_decoding`, or a backend raising `InvalidRequest`) gets one line,
+``"Bad request: ... (error id ...)"``, logged at INFO. Anything else the backend raises is a server fault:
+``"Internal server error: <type> (error id ...)"``, its traceback logged at ERROR under the same id
+(``ServerLimits.debug_errors`` also sends it). Either way the connection keeps serving.
 
-Resources are bounded by `ServerLimits`: the message size (a bigger message closes the connection with
-1009 and a one-line reason), the number of open connections (more get HTTP 503 at the handshake), and an
-idle timeout (a connection that sends nothing for that long is closed with 1001).
+No client can stall or lock out the others (`ServerLimits`):
+- work before validation is bounded: a message over ``max_message_mb`` closes its connection with 1009;
+  decoding is linear in the message's bytes and bounded in objects (`request_decoding`), so it runs on the
+  event loop in milliseconds;
+- robot connections and ``/text`` subscribers have separate caps (``max_connections``,
+  ``max_text_subscribers``; more get HTTP 503 at the handshake), and ``max_connections_per_ip`` caps one
+  address (off by default: behind a reverse proxy every client has the proxy's address);
+- a robot connection that sends nothing for ``idle_timeout_s`` is closed with 1001, and so is a
+  subscriber that was sent no event and sent nothing for as long; a subscriber that stops reading is
+  closed (1008) once ``MAX_UNSENT_EVENTS`` wait for it. websockets hands fragments over as they arrive
+  (``recv_streaming``), so a message must arrive whole within ``receive_timeout_s`` of its first frame, or
+  its connection is closed with 1008 (a trickled single frame is bounded by the idle timeout, as no
+  part of it is handed over before its end);
+- with ``api_key`` set, robot connections and ``/text`` need the header openpi-client sends for its
+  ``api_key`` (`AUTH_HEADER`), else HTTP 401; ``/healthz`` and ``/readyz`` stay open. The ``Server``
+  header names no versions.
 
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
 ``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
 ``infer_workers`` threads (default 1, because a plain policy need not be thread-safe).
+
+Draining (SIGTERM/SIGINT, or leaving `open_server`): the server stops accepting, answers every request
+already received or buffered on an open robot connection, then closes it with 1001, all within
+``drain_timeout_s``.
 """
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
+import hmac
 import http
 import logging
 import signal
@@ -41,7 +62,7 @@ import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import Protocol
 
 from websockets.asyncio.server import Request, Response, ServerConnection
 from websockets.asyncio.server import serve as _ws_serve
@@ -50,6 +71,7 @@ from websockets.frames import CloseCode
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 
 logger = logging.getLogger(__name__)
 
@@ -77,14 +99,15 @@ class TextStreamBackend(PolicyBackend, Protocol):
 
 
 TEXT_PATH = "/text"
-
-
-class BadRequestError(Exception):
-    """The client's fault: reported to it, and its connection keeps serving."""
-
-
-# Observations are maps of arrays a few levels deep (openpi's ALOHA `images/<camera>` is the deepest).
-MAX_NESTING = 8
+ROBOT, TEXT = "robot", "text"
+# What openpi-client's `WebsocketClientPolicy(api_key=...)` sends.
+AUTH_HEADER = "Authorization: Api-Key <key>"
+# How long a draining server waits, after a connection's last byte, for a request already on its way.
+DRAIN_GRACE_S = 0.1
+# Text events a subscriber may leave unread before it is closed.
+MAX_UNSENT_EVENTS = 1024
+# A bad request's line quotes at most this much of the problem.
+MAX_ERROR_CHARS = 300
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,8 +116,14 @@ class ServerLimits:
 
     # Three 1280x720 uint8 cameras take 8.3 MB and four 480x640 float32 ones 14.7 MB.
     max_message_mb: float | None = 16.0
-    max_connections: int | None = 64
+    max_connections: int | None = 64  # robot connections
+    max_text_subscribers: int | None = 64
+    max_connections_per_ip: int | None = None
     idle_timeout_s: float | None = 300.0
+    # From a message's first frame to its last (16 MiB at 10 Mbit/s take 13 s).
+    receive_timeout_s: float | None = 30.0
+    drain_timeout_s: float = 30.0
+    api_key: str | None = dataclasses.field(default=None, repr=False)
     debug_errors: bool = False
 
 
@@ -109,15 +138,22 @@ async def open_server(
 ) -> AsyncIterator[int]:
     """Serve ``backend`` on the running loop while the block runs; yields the bound port.
 
-    Leaving the block drains the server: it stops accepting, answers every request already received,
-    then closes every connection.
+    Leaving the block drains the server: it stops accepting, answers every request already received or
+    buffered, then closes every connection (within `ServerLimits.drain_timeout_s`).
     """
     executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
     handler = _ConnectionHandler(backend, _backend_caller(backend, executor), limits)
     max_size = None if limits.max_message_mb is None else int(limits.max_message_mb * 2**20)
     try:
         async with _ws_serve(
-            handler, host, port, compression=None, max_size=max_size, process_request=handler.admit
+            handler,
+            host,
+            port,
+            compression=None,
+            max_size=max_size,
+            process_request=handler.admit,
+            server_header=None,
+            create_connection=_Connection,
         ) as server:
             try:
                 yield server.sockets[0].getsockname()[1]
@@ -263,8 +299,19 @@ def _backend_caller(
     return call_in_thread
 
 
+class _Connection(ServerConnection):
+    """A server connection that notes when bytes last arrived, so a drain can tell a connection in the
+    middle of receiving a message from an idle one."""
+
+    last_data = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self.last_data = time.monotonic()
+        super().data_received(data)
+
+
 class _ConnectionHandler:
-    """Runs one client's session: metadata first, then one reply per request, in order."""
+    """Admits connections to their slots and runs each: a robot's requests in order, or a `/text` stream."""
 
     def __init__(
         self, backend: PolicyBackend, infer: Callable[[dict], Awaitable[dict]], limits: ServerLimits
@@ -272,101 +319,247 @@ class _ConnectionHandler:
         self._backend = backend
         self._infer = infer
         self._limits = limits
-        self._open = 0
-        self._busy: dict[ServerConnection, bool] = {}  # connection -> a request of it is being answered
-        self._draining = False
+        self._slots: dict[ServerConnection, str] = {}  # connection -> ROBOT or TEXT, from admission on
+        self._per_ip: collections.Counter[str] = collections.Counter()
+        self._releases: set[asyncio.Task] = set()
+        self._draining = asyncio.Event()
 
     async def drain(self) -> None:
-        """Stops taking requests: idle connections close now, busy ones right after their reply."""
-        self._draining = True
-        idle = [websocket for websocket, busy in self._busy.items() if not busy]
-        await asyncio.gather(
-            *(websocket.close(CloseCode.GOING_AWAY, "server shutting down") for websocket in idle)
-        )
-        while any(self._busy.values()):
-            await asyncio.sleep(0.01)
+        """Stops taking requests, answers every request already received or buffered on an open robot
+        connection, then closes it with 1001; `/text` streams close at once. Whatever is still open after
+        `drain_timeout_s` is closed as it stands."""
+        self._draining.set()
+        try:
+            async with asyncio.timeout(self._limits.drain_timeout_s):
+                while self._slots:
+                    await asyncio.sleep(0.01)
+        except TimeoutError:
+            logger.warning("Drain timed out: closing %d connections as they stand", len(self._slots))
+            await asyncio.gather(
+                *(websocket.close(CloseCode.GOING_AWAY, "server shutting down") for websocket in self._slots),
+                return_exceptions=True,
+            )
 
     def admit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """The handshake hook: health checks, and a refusal once `max_connections` are open."""
+        """The handshake hook: health and readiness, the API key, then a slot of the connection's kind
+        (robot or `/text`) within its cap and the per-address cap; refusals are one-line HTTP answers."""
         path = urllib.parse.urlsplit(request.path).path
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
-        if path == TEXT_PATH and not hasattr(self._backend, "subscribe_text"):
+        if path == "/readyz":
+            return self._readiness(connection)
+        if not self._authorized(request):
+            logger.info("Refused %s: no valid API key", connection.remote_address)
+            return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
+        kind = TEXT if path == TEXT_PATH else ROBOT
+        if kind == TEXT and not hasattr(self._backend, "subscribe_text"):
             return connection.respond(http.HTTPStatus.NOT_FOUND, "This server streams no text\n")
-        if self._limits.max_connections is not None and self._open >= self._limits.max_connections:
-            logger.warning("Refused %s: %d connections open", connection.remote_address, self._open)
-            message = f"Too many connections (at most {self._limits.max_connections})\n"
-            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, message)
+        refusal = self._refusal(connection, kind)
+        if refusal is not None:
+            logger.warning("Refused %s: %s", connection.remote_address, refusal)
+            return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, refusal + "\n")
+        self._take_slot(connection, kind)
         return None
+
+    def _authorized(self, request: Request) -> bool:
+        """Whether the request carries the server's API key as openpi-client sends it (always, without a
+        key); compared in constant time."""
+        if self._limits.api_key is None:
+            return True
+        sent = request.headers.get_all("Authorization")
+        expected = f"Api-Key {self._limits.api_key}".encode()
+        return len(sent) == 1 and hmac.compare_digest(sent[0].encode(), expected)
+
+    def _readiness(self, connection: ServerConnection) -> Response:
+        """200 "ready" when the backend is ready, the server is not draining and a robot can connect;
+        else 503 with the reason."""
+        robots = self._count(ROBOT)
+        cap = self._limits.max_connections
+        if self._draining.is_set():
+            reason = "draining"
+        elif not getattr(self._backend, "ready", True):
+            reason = "backend not ready"
+        elif cap is not None and robots >= cap:
+            reason = f"robot slots full ({robots} of {cap})"
+        else:
+            return connection.respond(http.HTTPStatus.OK, "ready\n")
+        return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready: {reason}\n")
+
+    def _refusal(self, connection: ServerConnection, kind: str) -> str | None:
+        """Why this connection gets no slot, or None."""
+        if self._draining.is_set():
+            return "Server shutting down"
+        cap = self._limits.max_connections if kind == ROBOT else self._limits.max_text_subscribers
+        if cap is not None and self._count(kind) >= cap:
+            what = "connections" if kind == ROBOT else "text subscribers"
+            return f"Too many {what} (at most {cap})"
+        per_ip = self._limits.max_connections_per_ip
+        if per_ip is not None and self._per_ip[_address(connection)] >= per_ip:
+            return f"Too many connections from one address (at most {per_ip})"
+        return None
+
+    def _count(self, kind: str) -> int:
+        return sum(1 for taken in self._slots.values() if taken == kind)
+
+    def _take_slot(self, connection: ServerConnection, kind: str) -> None:
+        """Holds the slot from admission until the TCP connection is gone, whether or not the handshake
+        completes (so concurrent handshakes cannot overshoot a cap)."""
+        self._slots[connection] = kind
+        self._per_ip[_address(connection)] += 1
+        release = asyncio.ensure_future(connection.wait_closed())
+        self._releases.add(release)
+        release.add_done_callback(lambda task: self._free_slot(connection, task))
+
+    def _free_slot(self, connection: ServerConnection, release: asyncio.Task) -> None:
+        self._releases.discard(release)
+        del self._slots[connection]
+        address = _address(connection)
+        self._per_ip[address] -= 1
+        if not self._per_ip[address]:
+            del self._per_ip[address]
 
     async def __call__(self, websocket: ServerConnection) -> None:
         logger.info("Connection from %s opened", websocket.remote_address)
-        self._open += 1
-        self._busy[websocket] = False
         try:
             url = urllib.parse.urlsplit(websocket.request.path)
             if url.path == TEXT_PATH:
                 await self._stream_text(websocket, urllib.parse.parse_qs(url.query).get("robot_id"))
-                return
-            await websocket.send(msgpack_numpy.packb(self._backend.metadata))
-            prev_total_ms: float | None = None
-            while not self._draining:
-                try:
-                    async with asyncio.timeout(self._limits.idle_timeout_s):
-                        message = await websocket.recv()
-                except TimeoutError:
-                    reason = f"idle for {self._limits.idle_timeout_s:g} s"
-                    logger.info("Closing %s: %s", websocket.remote_address, reason)
-                    await websocket.close(CloseCode.GOING_AWAY, reason)
-                    return
-                self._busy[websocket] = True
-                received = time.monotonic()
-                try:
-                    reply = await self._answer(message, prev_total_ms)
-                except Exception as error:
-                    reply = self._error_line(websocket, error)
-                await websocket.send(reply)
-                self._busy[websocket] = False
-                if isinstance(reply, bytes):
-                    prev_total_ms = (time.monotonic() - received) * 1000
-            await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
+            else:
+                await self._serve_robot(websocket)
         except ConnectionClosed:
             pass
         finally:
-            self._open -= 1
-            del self._busy[websocket]
             logger.info("Connection from %s closed", websocket.remote_address)
 
+    async def _serve_robot(self, websocket: ServerConnection) -> None:
+        """Metadata, then one reply per request, until the client leaves, idles or the server drains."""
+        await websocket.send(msgpack_numpy.packb(self._backend.metadata))
+        prev_total_ms: float | None = None
+        while True:
+            message = await self._next_message(websocket)
+            if message is None:
+                return
+            received = time.monotonic()
+            try:
+                reply = await self._answer(message, prev_total_ms)
+            except Exception as error:
+                reply = self._error_line(websocket, error)
+            await websocket.send(reply)
+            if isinstance(reply, bytes):
+                prev_total_ms = (time.monotonic() - received) * 1000
+
+    async def _next_message(self, websocket: ServerConnection) -> str | bytes | None:
+        """The client's next whole message; None once the connection was closed for idling, for taking
+        longer than `receive_timeout_s` from its first frame to its last, or for the drain (after every
+        message already buffered was taken)."""
+        fragments = websocket.recv_streaming()
+        first = asyncio.ensure_future(anext(fragments))
+        try:
+            reason = await self._first_frame(websocket, first)
+        finally:
+            if not first.done():
+                first.cancel()  # safe before the first frame (websockets' `recv_streaming`)
+        if reason is not None:
+            logger.info("Closing %s: %s", websocket.remote_address, reason)
+            await websocket.close(CloseCode.GOING_AWAY, reason)
+            return None
+        parts = [first.result()]
+        try:
+            async with asyncio.timeout(self._limits.receive_timeout_s):
+                parts.extend([part async for part in fragments])
+        except TimeoutError:
+            reason = f"message not received whole within {self._limits.receive_timeout_s:g} s"
+            logger.info("Closing %s: %s", websocket.remote_address, reason)
+            await websocket.close(CloseCode.POLICY_VIOLATION, reason)
+            return None
+        if len(parts) == 1:
+            return parts[0]
+        return "".join(parts) if isinstance(parts[0], str) else b"".join(parts)
+
+    async def _first_frame(self, websocket: ServerConnection, first: asyncio.Future) -> str | None:
+        """Waits for `first`; the reason to close instead (idle, or drained with nothing buffered)."""
+        if not self._draining.is_set():
+            draining = asyncio.ensure_future(self._draining.wait())
+            try:
+                await asyncio.wait(
+                    {first, draining},
+                    timeout=self._limits.idle_timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+            finally:
+                draining.cancel()
+            if first.done():
+                return None
+            if not self._draining.is_set():
+                return f"idle for {self._limits.idle_timeout_s:g} s"
+        # Draining: take what is buffered, or still arriving, on this connection.
+        idle_since = time.monotonic()
+        while not first.done():
+            last = max(idle_since, getattr(websocket, "last_data", 0.0))
+            grace = last + DRAIN_GRACE_S - time.monotonic()
+            if grace <= 0:
+                return "server shutting down"
+            await asyncio.wait({first}, timeout=grace)
+        return None
+
     async def _stream_text(self, websocket: ServerConnection, robot_ids: list[str] | None) -> None:
-        """Sends each text event (of the robots in `robot_ids`, default all) until the client or the
-        server closes."""
+        """Sends each text event (of the robots in `robot_ids`, default all) until the client leaves, the
+        server drains, it idles (no event and nothing from it for `idle_timeout_s`) or falls
+        `MAX_UNSENT_EVENTS` behind."""
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[dict] = asyncio.Queue()
+        events: asyncio.Queue[dict | None] = asyncio.Queue()
+
+        def deliver(message: dict) -> None:
+            if events.qsize() < MAX_UNSENT_EVENTS:
+                events.put_nowait(message)
+            elif events.qsize() == MAX_UNSENT_EVENTS:
+                events.put_nowait(None)  # it stopped reading: close it once it gets here
 
         def listener(message: dict) -> None:
             if robot_ids is None or message.get("robot_id") in robot_ids:
-                loop.call_soon_threadsafe(events.put_nowait, message)
+                loop.call_soon_threadsafe(deliver, message)
 
         unsubscribe = self._backend.subscribe_text(listener)
-        closed = asyncio.ensure_future(websocket.wait_closed())
+        incoming = asyncio.ensure_future(websocket.recv())  # what it sends only proves it is there
+        stopping = asyncio.ensure_future(self._draining.wait())
+        event: asyncio.Future = asyncio.ensure_future(events.get())
         try:
             while True:
-                event = asyncio.ensure_future(events.get())
-                await asyncio.wait({event, closed}, return_when=asyncio.FIRST_COMPLETED)
-                if not event.done():
-                    event.cancel()
+                await asyncio.wait(
+                    {event, incoming, stopping},
+                    timeout=self._limits.idle_timeout_s,
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                if stopping.done():
+                    await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
                     return
-                await websocket.send(msgpack_numpy.packb(event.result()))
+                if incoming.done():
+                    incoming.result()  # raises ConnectionClosed once the client left
+                    incoming = asyncio.ensure_future(websocket.recv())
+                elif event.done():
+                    message = event.result()
+                    if message is None:
+                        reason = f"more than {MAX_UNSENT_EVENTS} events unread"
+                        await websocket.close(CloseCode.POLICY_VIOLATION, reason)
+                        return
+                    async with asyncio.timeout(self._limits.idle_timeout_s):
+                        await websocket.send(msgpack_numpy.packb(message))
+                    event = asyncio.ensure_future(events.get())
+                else:
+                    await websocket.close(CloseCode.GOING_AWAY, f"idle for {self._limits.idle_timeout_s:g} s")
+                    return
         finally:
             unsubscribe()
-            closed.cancel()
+            for task in (incoming, stopping, event):
+                task.cancel()
 
     def _error_line(self, websocket: ServerConnection, error: Exception) -> str:
         """One line for the client; the traceback goes to the log under the same error id."""
         error_id = uuid.uuid4().hex[:8]
         if isinstance(error, BadRequestError):
-            logger.info("Bad request from %s [%s]: %s", websocket.remote_address, error_id, error)
-            line = f"Bad request: {error} (error id {error_id})"
+            detail = _shortened(str(error))
+            logger.info("Bad request from %s [%s]: %s", websocket.remote_address, error_id, detail)
+            line = f"Bad request: {detail} (error id {error_id})"
         else:
             logger.error("Request from %s failed [%s]", websocket.remote_address, error_id, exc_info=error)
             line = f"Internal server error: {type(error).__name__} (error id {error_id})"
@@ -375,12 +568,12 @@ class _ConnectionHandler:
         return line
 
     async def _answer(self, message: str | bytes, prev_total_ms: float | None) -> bytes:
-        obs = _decode_request(message)
+        obs = decode_request(message)
         start = time.monotonic()
         try:
             result = await self._infer(obs)
         except InvalidRequest as error:
-            raise BadRequestError(" ".join(str(error).split())) from error
+            raise BadRequestError(str(error)) from error
         infer_ms = (time.monotonic() - start) * 1000
         if not isinstance(result, dict):
             raise TypeError(f"backend returned {type(result).__name__}, expected dict")
@@ -391,30 +584,13 @@ class _ConnectionHandler:
         return msgpack_numpy.packb(reply)
 
 
-def _decode_request(message: str | bytes) -> dict:
-    if isinstance(message, str):
-        raise BadRequestError("expected a binary msgpack frame, got a text frame")
-    try:
-        obs: Any = msgpack_numpy.unpackb(message)
-    except Exception as error:
-        reason = f"{type(error).__name__}: {error}"
-        raise BadRequestError(f"undecodable msgpack-numpy message ({reason})") from error
-    if not isinstance(obs, dict):
-        raise BadRequestError(f"observation must be a map, got {type(obs).__name__}")
-    if _depth(obs) > MAX_NESTING:
-        raise BadRequestError(f"observation nested deeper than {MAX_NESTING} levels")
-    return obs
+def _address(connection: ServerConnection) -> str:
+    """The client's IP address (a reverse proxy's, behind one)."""
+    remote = connection.remote_address
+    return str(remote[0]) if remote else "?"
 
 
-def _depth(value: Any) -> int:
-    """Nesting depth of maps and lists, without recursion (msgpack allows about a thousand levels)."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list | tuple):
-            deepest = max(deepest, depth)
-            if depth <= MAX_NESTING:
-                stack.extend(
-                    (child, depth + 1) for child in (item.values() if isinstance(item, dict) else item)
-                )
-    return deepest
+def _shortened(text: str) -> str:
+    """One line of at most `MAX_ERROR_CHARS` characters (an error may quote what the client sent)."""
+    line = " ".join(text[: 4 * MAX_ERROR_CHARS].split())
+    return line if len(line) <= MAX_ERROR_CHARS else line[: MAX_ERROR_CHARS - 3] + "..."

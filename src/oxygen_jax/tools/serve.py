@@ -27,8 +27,16 @@ carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and webs
 on the same port receive every robot's tokens as they are produced. The first request compiles every
 shape (a one-time wait). `--language=inline` instead answers one request at a time and decodes its text
 to completion within it.
+
+No client can stall or lock out the others: robot connections and `/text` subscribers have caps of their
+own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`), idle ones are closed after
+`--idle_timeout_s`, a message must arrive whole within `--receive_timeout_s`, and SIGTERM answers every
+request received or buffered before closing, within `--drain_timeout_s`. `--api_key` (or
+$OXYGEN_API_KEY) makes robots and `/text` send `Authorization: Api-Key <key>` (openpi-client's `api_key`);
+`GET /healthz` and `GET /readyz` stay open (docs/serving.md).
 """
 
+import os
 import sys
 
 from absl import flags, logging
@@ -90,9 +98,33 @@ _GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for ot
 _MAX_MESSAGE_MB = flags.DEFINE_float(
     "max_message_mb", 16.0, "Largest request accepted (MiB); bigger ones close the connection (1009)."
 )
-_MAX_CONNECTIONS = flags.DEFINE_integer("max_connections", 64, "Open connections; more get HTTP 503.")
+_MAX_CONNECTIONS = flags.DEFINE_integer("max_connections", 64, "Open robot connections; more get HTTP 503.")
+_MAX_TEXT_SUBSCRIBERS = flags.DEFINE_integer(
+    "max_text_subscribers", 64, "Open /text subscribers (a cap of their own); more get HTTP 503."
+)
+_MAX_CONNECTIONS_PER_IP = flags.DEFINE_integer(
+    "max_connections_per_ip",
+    0,
+    "Open connections from one address (0: no cap; behind a proxy all share one).",
+)
 _IDLE_TIMEOUT_S = flags.DEFINE_float(
-    "idle_timeout_s", 300.0, "Close a connection that sends nothing for this long (0: never)."
+    "idle_timeout_s",
+    300.0,
+    "Close a robot connection that sends nothing, or a /text subscriber sent and sending nothing, this "
+    "long (0: never).",
+)
+_RECEIVE_TIMEOUT_S = flags.DEFINE_float(
+    "receive_timeout_s", 30.0, "A message must arrive whole this soon after its first frame (0: no limit)."
+)
+_DRAIN_TIMEOUT_S = flags.DEFINE_float(
+    "drain_timeout_s", 30.0, "On SIGTERM, longest wait to answer the requests received or buffered."
+)
+API_KEY_ENV = "OXYGEN_API_KEY"
+_API_KEY = flags.DEFINE_string(
+    "api_key",
+    None,
+    f"Robots and /text must send 'Authorization: Api-Key <key>' (openpi-client's api_key); default: "
+    f"${API_KEY_ENV}, else no key.",
 )
 _DEBUG_ERRORS = flags.DEFINE_bool("debug_errors", False, "Send tracebacks to clients, not only to the log.")
 
@@ -167,7 +199,12 @@ def main(_):
     limits = websocket_server.ServerLimits(
         max_message_mb=_MAX_MESSAGE_MB.value,
         max_connections=_MAX_CONNECTIONS.value,
+        max_text_subscribers=_MAX_TEXT_SUBSCRIBERS.value,
+        max_connections_per_ip=_MAX_CONNECTIONS_PER_IP.value or None,
         idle_timeout_s=_IDLE_TIMEOUT_S.value or None,
+        receive_timeout_s=_RECEIVE_TIMEOUT_S.value or None,
+        drain_timeout_s=_DRAIN_TIMEOUT_S.value,
+        api_key=_API_KEY.value or os.environ.get(API_KEY_ENV) or None,
         debug_errors=_DEBUG_ERRORS.value,
     )
     websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
