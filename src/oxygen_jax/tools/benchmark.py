@@ -42,7 +42,7 @@ from oxygen_jax.benchmarks import (
     worker,
 )
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout (src/oxygen_jax/tools/ is three below)
 IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"
 
 _CONFIG = cli.define_config_flag("pi05_cpu")
