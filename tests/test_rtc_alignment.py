@@ -93,3 +93,18 @@ def test_rtc_guides_toward_the_steps_the_new_chunk_is_for(delay):
         weights = prefix_weights(guidance.delay, s, H, guidance.schedule)
         assert (weights[: guidance.delay] == 1).all()
         assert (weights[guidance.delay :] < 1).all()
+
+
+def test_the_prefix_horizon_setting_reaches_the_server():
+    robot, server = StampRobot(), StampServer()
+    simulated.run(
+        robot,
+        server,
+        execution="rtc",
+        delay_steps=2,
+        execution_horizon=E,
+        control_hz=HZ,
+        max_ticks=40,
+        prefix_horizon=4,
+    )
+    assert server.guided and {g.horizon for _, g in server.guided} == {4}
