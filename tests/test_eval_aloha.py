@@ -248,6 +248,8 @@ def test_executor_modes_run_aloha_and_write_the_closed_loop_fields(
     assert 0 < jumps["rtc"] < jumps["naive"]
 
 
-def test_eval_aloha_refuses_rtc_on_delta_joint_actions(tmp_path):
+def test_eval_aloha_refuses_bad_executor_flags_in_one_line(simulator, tmp_path):
     stderr = run_cli_failing("--execution=rtc", "--delay_steps=1", f"--out={tmp_path}")
     assert stderr.strip().splitlines()[-1].startswith("error: --execution=rtc guides toward")
+    stderr = run_cli_failing("--delay_steps=1", f"--out={tmp_path}")
+    assert "error: --delay_steps, --latency_ms and --execution_horizon need --execution" in stderr

@@ -109,6 +109,8 @@ def main(_):
     aloha_sim.check_simulator()
     if _EXECUTION.value is not None:
         return _run_executor(settings, out_dir)
+    if any(f.value is not None for f in (_DELAY, _LATENCY, _HORIZON)):
+        cli.fail("--delay_steps, --latency_ms and --execution_horizon need --execution")
     recorder = recording.recorder_for(_POLICY.record_dir.value, aloha_sim.CONTROL_HZ, "aloha")
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     results = aloha_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)
