@@ -19,3 +19,4 @@ run rtc_d5_s5 --execution=rtc --delay_steps=5 --prefix_horizon=5
 # Sync at d = 0 executing H - E actions of each chunk: the oldest action it runs was planned E' = H - E - 1
 # steps before; naive and rtc at delay d run actions planned up to d + 3 steps before (E = 6).
 for e in 4 3 2 1; do run "sync_d0_e${e}" --execution=sync --delay_steps=0 --execution_horizon=$e; done
+python "$out/plot.py"
