@@ -10,7 +10,9 @@ import pathlib
 
 from absl import app, flags
 
-from oxygen_jax import config
+from oxygen_jax import cli, config
+from oxygen_jax.client import simulated
+from oxygen_jax.policies import rtc
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
 _CONFIG = flags.DEFINE_string(
@@ -20,6 +22,7 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "Checkpoint (default: 
 _DELAYS = flags.DEFINE_list("delays", None, "Delays d to run (default: 0 ... H/2).")
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes per mode and delay.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
+_GUIDANCE = cli.define_closed_loop_guidance_flags()
 _OUT = flags.DEFINE_string("out", None, "Folder for the results and the plot.", required=True)
 
 
@@ -35,7 +38,8 @@ def main(_):
         delays=delays,
         episodes=_EPISODES.value,
         seed=_SEED.value,
-        execution_horizon=closed_loop.default_execution_horizon(horizon),
+        execution_horizon=simulated.default_execution_horizon(horizon),
+        guidance=rtc.GuidanceSettings(*_GUIDANCE.values()),
     )
     for row in rows:
         print(

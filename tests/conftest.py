@@ -25,6 +25,18 @@ from oxygen_jax.policies.policy import create_policy
 GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
+# The fields every closed-loop results.json has (eval_table, eval_aloha --execution).
+CLOSED_LOOP_FIELDS = {
+    "success_rate",
+    "mean_steps",
+    "switch_jump_mean",
+    "switch_jump_max",
+    "jerk_mean",
+    "execution",
+    "delay_steps",
+    "action_horizon",
+    "episodes",
+}
 # Four CPU devices for mesh tests; JAX reads the flag at import, so only a subprocess can take it.
 FORCED_DEVICES = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
 

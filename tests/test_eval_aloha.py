@@ -10,8 +10,10 @@ import sys
 import imageio
 import numpy as np
 import pytest
+from conftest import CLOSED_LOOP_FIELDS
 
-from oxygen_jax.evaluation import aloha_sim, chunking, rendering, requirements
+from oxygen_jax.client import MODES
+from oxygen_jax.evaluation import aloha_latency, aloha_sim, chunking, rendering, requirements
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_TEXT_TOKENS = 4
@@ -63,6 +65,20 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def run_cli_failing(*args: str) -> str:
+    """Runs the CLI expecting a one-line user error (exit 2, no traceback); returns its stderr."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "eval_aloha.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr
+    return proc.stderr
 
 
 def check_episode(episode: dict, steps: int, replan_steps: int) -> None:
@@ -135,22 +151,8 @@ def test_cli_remote_episode_through_the_server(simulator, tmp_path):
 
 def test_remote_without_a_server_is_a_one_line_error(simulator, tmp_path):
     pytest.importorskip("openpi_client.websocket_client_policy")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "eval_aloha.py"),
-            "--policy=remote",
-            "--port=1",
-            f"--out={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert proc.returncode == 2
-    assert "error: no policy server at ws://127.0.0.1:1" in proc.stderr
-    assert "Traceback" not in proc.stderr
+    stderr = run_cli_failing("--policy=remote", "--port=1", f"--out={tmp_path}")
+    assert "error: no policy server at ws://127.0.0.1:1" in stderr
 
 
 def test_observation_is_the_openpi_aloha_request():
@@ -204,3 +206,50 @@ def test_chunker_replans_every_replan_steps():
 def test_chunker_refuses_replanning_past_the_horizon():
     with pytest.raises(requirements.SetupError, match="exceeds the policy's action horizon 10"):
         chunking.ActionChunker(StandInPolicy(), replan_steps=11)
+
+
+@pytest.fixture(scope="module")
+def tiny_aloha_sim_policy():
+    """The tiny random-init model with openpi's ALOHA sim transforms (absolute joints), actions only."""
+    from oxygen_jax.policies.policy import create_policy
+
+    return create_policy("pi05_tiny", None, max_text_tokens=0, overrides={"robot": "aloha_sim"})
+
+
+@pytest.mark.integration  # ~45 s: the tiny model's plain and guided programs compile
+def test_executor_modes_run_aloha_and_write_the_closed_loop_fields(
+    simulator, tiny_aloha_sim_policy, tmp_path
+):
+    """Each mode runs a few control steps of ALOHA sim through the executor on the simulated clock and writes
+    eval_table's fields. With d = 1 every mode changes chunk at tick 7 while the old chunk still has an
+    action for it (first chunk at tick 2, the next asked for after 4 actions), so each measures a jump; on
+    the same scene and noise, rtc's guided chunk starts closer to the old one than naive's plain chunk."""
+    jumps = {}
+    for execution in MODES:
+        out = tmp_path / execution
+        settings = aloha_sim.Settings(task="AlohaTransferCube-v0", episodes=1, max_steps=9, save_video=False)
+        results = aloha_latency.evaluate(
+            tiny_aloha_sim_policy,
+            settings,
+            out,
+            {"kind": "local"},
+            execution=execution,
+            delay_steps=1,
+            execution_horizon=6,
+        )
+        assert json.loads((out / "results.json").read_text()) == json.loads(json.dumps(results))
+        assert set(results) >= CLOSED_LOOP_FIELDS
+        assert (results["execution"], results["delay_steps"], results["episodes"]) == (execution, 1, 1)
+        assert results["action_horizon"] == 10 and results["success_rate"] == 0.0
+        [episode] = results["episode_results"]
+        assert "physics_error" not in episode and episode["steps"] == 9
+        assert results["switches"] == 1 and np.isfinite(results["jerk_mean"])
+        jumps[execution] = results["switch_jump_mean"]
+    assert 0 < jumps["rtc"] < jumps["naive"]
+
+
+def test_eval_aloha_refuses_bad_executor_flags_in_one_line(simulator, tmp_path):
+    stderr = run_cli_failing("--execution=rtc", "--delay_steps=1", f"--out={tmp_path}")
+    assert stderr.strip().splitlines()[-1].startswith("error: --execution=rtc guides toward")
+    stderr = run_cli_failing("--delay_steps=1", f"--out={tmp_path}")
+    assert "error: --delay_steps, --latency_ms and --execution_horizon need --execution" in stderr

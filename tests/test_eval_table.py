@@ -9,11 +9,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from oxygen_jax.client import protocol
+from oxygen_jax.client import protocol, simulated
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep, detour, detour_dataset
 
 H = 10
-E = closed_loop.default_execution_horizon(H)
+E = simulated.default_execution_horizon(H)
 
 
 def _beside_block(scene: detour.DetourScene, path: np.ndarray) -> np.ndarray:

@@ -6,21 +6,9 @@ import subprocess
 import sys
 
 import pytest
-from conftest import SCRIPTS
+from conftest import CLOSED_LOOP_FIELDS, SCRIPTS
 
 pytestmark = pytest.mark.integration  # runs scripts on the shipped model: the second tier
-
-_FIELDS = {
-    "success_rate",
-    "mean_steps",
-    "switch_jump_mean",
-    "switch_jump_max",
-    "jerk_mean",
-    "execution",
-    "delay_steps",
-    "action_horizon",
-    "episodes",
-}
 
 
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
@@ -30,13 +18,26 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
 
 def test_eval_table_writes_results_json(tmp_path):
     run = _run(
-        "eval_table", "--execution=rtc", "--latency_ms=250", "--episodes=3", "--seed=1", f"--out={tmp_path}"
+        "eval_table",
+        "--execution=rtc",
+        "--latency_ms=250",
+        "--episodes=3",
+        "--seed=1",
+        "--rtc_schedule=linear",
+        "--max_guidance_weight=2",
+        "--prefix_horizon=5",
+        f"--out={tmp_path}",
     )
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert set(results) >= _FIELDS
+    assert set(results) >= CLOSED_LOOP_FIELDS
     assert (results["execution"], results["delay_steps"], results["episodes"]) == ("rtc", 3, 3)
     assert results["action_horizon"] == 10 and results["execution_horizon"] == 6
+    assert (results["rtc_schedule"], results["max_guidance_weight"], results["prefix_horizon"]) == (
+        "linear",
+        2,
+        5,
+    )
     assert 0 <= results["success_rate"] <= 1 and results["jerk_mean"] > 0
     # Three episodes of ~25 steps switch chunks several times each, and the old chunk covers the switch.
     assert results["switches"] >= 6 and 0 <= results["switch_jump_mean"] <= results["switch_jump_max"]

@@ -234,6 +234,41 @@ def renamed(new: flags.FlagHolder, old: flags.FlagHolder) -> Any:
         fail(f"give --{new.name} only (--{old.name} is its deprecated name)")
     print(f"warning: --{old.name} is deprecated here: use --{new.name}", file=sys.stderr)
     return old.value
+@dataclasses.dataclass(frozen=True)
+class ClosedLoopGuidanceFlags:
+    """The closed-loop evaluations' rtc settings (`policies.rtc.GuidanceSettings`' fields, in order)."""
+
+    schedule: flags.FlagHolder
+    max_guidance_weight: flags.FlagHolder
+    prefix_horizon: flags.FlagHolder
+
+    def values(self) -> tuple[str, float, int | None]:
+        return self.schedule.value, self.max_guidance_weight.value, self.prefix_horizon.value
+
+
+def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
+    from oxygen_jax.engine.guidance import SCHEDULES
+
+    return ClosedLoopGuidanceFlags(
+        schedule=_shown(
+            flags.DEFINE_enum(
+                "rtc_schedule", "exp", SCHEDULES, "rtc: how the prefix weights fall over [d, s)."
+            )
+        ),
+        max_guidance_weight=_shown(
+            flags.DEFINE_float(
+                "max_guidance_weight", 5.0, "rtc: the largest guidance weight (beta).", lower_bound=0
+            )
+        ),
+        prefix_horizon=_shown(
+            flags.DEFINE_integer(
+                "prefix_horizon",
+                None,
+                "rtc: the prefix horizon s the robot sends (default: every action left in its chunk).",
+                lower_bound=0,
+            )
+        ),
+    )
 
 
 def define_out_flag(default: str | None, what: str) -> flags.FlagHolder:

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -172,3 +172,34 @@ class RtcPolicy:
                 **self.chunks.answered(arrival, chunk, timing["infer_ms"] / 1000),
                 protocol.START: start,
             }
+
+
+@dataclasses.dataclass(frozen=True)
+class GuidanceSettings:
+    """The guidance of a closed-loop evaluation: the server's schedule and beta, and the prefix horizon s
+    the robot sends (None: every action left in its current chunk, the executor's default)."""
+
+    schedule: str = "exp"
+    max_guidance_weight: float = 5.0
+    prefix_horizon: int | None = None
+
+    def fields(self) -> dict[str, Any]:
+        """Its results.json fields."""
+        return {
+            "rtc_schedule": self.schedule,
+            "max_guidance_weight": self.max_guidance_weight,
+            "prefix_horizon": self.prefix_horizon,
+        }
+
+
+DEFAULT_GUIDANCE = GuidanceSettings()
+
+
+def seeded_infer(
+    policy: Policy, guidance: GuidanceSettings, rng: np.random.Generator
+) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """A fresh one-robot `RtcPolicy.infer` on `policy` whose action noise [H, action_dim] is drawn from
+    `rng`, one draw per request: the same seed gives every execution mode the same noise stream."""
+    served = RtcPolicy(policy, schedule=guidance.schedule, max_guidance_weight=guidance.max_guidance_weight)
+    shape = (policy.engine.config.action_horizon, policy.engine.config.action_dim)
+    return lambda obs: served.infer(obs, noise=rng.standard_normal(shape).astype(np.float32))

@@ -8,6 +8,7 @@ from typing import Any
 
 from oxygen_jax import plotting
 from oxygen_jax.client import MODES
+from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.table_task import closed_loop
 
@@ -38,6 +39,7 @@ def sweep(
     seed: int,
     execution_horizon: int,
     modes: Sequence[str] = MODES,
+    guidance: rtc.GuidanceSettings = rtc.DEFAULT_GUIDANCE,
 ) -> list[dict[str, Any]]:
     """Runs every (mode, d), writing OUT/<mode>_d<d>/results.json, OUT/sweep.json and OUT/closed_loop.png."""
     rows = []
@@ -50,6 +52,7 @@ def sweep(
                 episodes=episodes,
                 seed=seed,
                 execution_horizon=execution_horizon,
+                guidance=guidance,
             )
             write_results(results, run_dir(out, execution, delay))
             rows.append(results)

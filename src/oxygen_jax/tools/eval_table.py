@@ -6,7 +6,8 @@ The gripper must reach a red cube behind a block, around either side (oxygen_jax
 robot runs `client.Executor` in the given mode on a simulated clock: while the next chunk is inferred the
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
-delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon).
+delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon, and
+the guidance settings rtc_schedule, max_guidance_weight, prefix_horizon).
 
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
@@ -16,7 +17,8 @@ import pathlib
 from absl import app, flags
 
 from oxygen_jax import cli, config, preflight
-from oxygen_jax.client import MODES
+from oxygen_jax.client import MODES, simulated
+from oxygen_jax.policies import rtc
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
 _CONFIG = flags.DEFINE_string(
@@ -34,6 +36,7 @@ _HORIZON = flags.DEFINE_integer(
     "Actions left in a chunk when the next is asked for (default H/2 + 1).",
     lower_bound=0,
 )
+_GUIDANCE = cli.define_closed_loop_guidance_flags()
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
@@ -55,9 +58,10 @@ def main(_):
             delay_steps=delay,
             episodes=_EPISODES.value,
             seed=_SEED.value,
-            execution_horizon=closed_loop.default_execution_horizon(horizon)
+            execution_horizon=simulated.default_execution_horizon(horizon)
             if _HORIZON.value is None
             else _HORIZON.value,
+            guidance=rtc.GuidanceSettings(*_GUIDANCE.values()),
         )
     except ValueError as error:
         cli.fail(str(error))

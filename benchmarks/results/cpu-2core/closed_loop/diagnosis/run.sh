@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Why rtc loses success to sync on the detour task: rtc's guidance settings at d = 3 and 5, and sync
+# without latency executing more actions per chunk (older plans), 200 held-out episodes each (seed 0, the
+# recorded sweep's scenes and noise). Run from the repository root:
+#   bash benchmarks/results/cpu-2core/closed_loop/diagnosis/run.sh
+set -euo pipefail
+out=benchmarks/results/cpu-2core/closed_loop/diagnosis
+run() {  # name, flags...
+  local name=$1
+  shift
+  python scripts/eval_table.py --episodes=200 --seed=0 --out="$out/$name" "$@" 2>/dev/null
+}
+for d in 3 5; do
+  for beta in 1 2 10 20; do run "rtc_d${d}_beta${beta}" --execution=rtc --delay_steps=$d --max_guidance_weight=$beta; done
+  for schedule in linear ones zeros; do run "rtc_d${d}_${schedule}" --execution=rtc --delay_steps=$d --rtc_schedule=$schedule; done
+done
+for s in 3 4 5; do run "rtc_d3_s${s}" --execution=rtc --delay_steps=3 --prefix_horizon=$s; done
+run rtc_d5_s5 --execution=rtc --delay_steps=5 --prefix_horizon=5
+# Sync at d = 0 executing H - E actions of each chunk: the oldest action it runs was planned E' = H - E - 1
+# steps before; naive and rtc at delay d run actions planned up to d + 3 steps before (E = 6).
+for e in 4 3 2 1; do run "sync_d0_e${e}" --execution=sync --delay_steps=0 --execution_horizon=$e; done
+python "$out/plot.py"

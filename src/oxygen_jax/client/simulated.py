@@ -1,0 +1,141 @@
+"""A robot's control loop under simulated inference latency, for closed-loop evaluation of any simulated
+robot (the detour table, ALOHA sim) with `Executor` unchanged.
+
+Time is simulated, so results do not depend on the machine's speed: the policy computes while the clock
+stands still, and its reply reaches the robot `delay_steps` control steps after the observation was taken.
+Meanwhile the robot executes its old chunk (naive, rtc) or waits (sync).
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from oxygen_jax.client.executor import Executor, ExecutorConfig, Robot, SimClock
+
+
+@dataclasses.dataclass(frozen=True)
+class _Delivered:
+    clock: SimClock
+    ready_at: float
+    reply: Mapping[str, Any]
+
+    def done(self) -> bool:
+        return self.clock.now() >= self.ready_at - 1e-9
+
+    def result(self) -> Mapping[str, Any]:
+        return self.reply
+
+
+class DelayedRequests:
+    """Answers each observation at once (the clock stands still) and hands the reply to the robot at the
+    control tick after `delay_steps` more actions: the observation is taken after tick k's action, the
+    reply is there at tick k + 1 + delay_steps."""
+
+    def __init__(
+        self, infer: Callable[[dict], Mapping[str, Any]], clock: SimClock, delay_steps: int, control_hz: float
+    ):
+        self._infer, self._clock = infer, clock
+        self._latency_s = (delay_steps + 1) / control_hz
+
+    def submit(self, obs: dict) -> _Delivered:
+        return _Delivered(self._clock, self._clock.now() + self._latency_s, self._infer(obs))
+
+
+class SimRobot(Robot, Protocol):
+    """A simulated robot: `done` ends its episode (success, collision, a physics error)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def position(self) -> np.ndarray:
+        """Its configuration now (gripper position, joint angles): the jerk is measured on it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Motion:
+    """One episode's motion: control ticks run (waits included), the jump at every change of chunk where
+    the old chunk still had an action for that tick, the robot's positions [ticks + 1, dims] and their mean
+    jerk (norm of the third difference per tick)."""
+
+    ticks: int
+    jumps: list[float]
+    positions: np.ndarray
+    jerk: float
+
+
+def run(
+    robot: SimRobot,
+    infer: Callable[[dict], Mapping[str, Any]],
+    *,
+    execution: str,
+    delay_steps: int,
+    execution_horizon: int,
+    control_hz: float,
+    max_ticks: int,
+    prefix_horizon: int | None = None,
+) -> Motion:
+    """One episode: `Executor` in mode `execution` on a simulated clock until the robot is done or
+    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `RtcPolicy.infer` per episode)."""
+    clock = SimClock()
+    config = ExecutorConfig(
+        control_hz=control_hz,
+        execution_horizon=execution_horizon,
+        mode=execution,
+        delay_steps=delay_steps,
+        prefix_horizon=prefix_horizon,
+    )
+    requests = DelayedRequests(infer, clock, delay_steps, control_hz)
+    executor = Executor(config, robot, requests=requests, clock=clock)
+    positions = [robot.position()]
+    while executor.stats.ticks < max_ticks and not robot.done:
+        executor.tick()
+        positions.append(robot.position())
+    stacked = np.stack(positions)
+    jerk = np.linalg.norm(np.diff(stacked, n=3, axis=0), axis=1)
+    return Motion(
+        ticks=executor.stats.ticks,
+        jumps=[s.jump for s in executor.stats.switches if s.jump is not None],
+        positions=stacked,
+        jerk=float(jerk.mean()) if jerk.size else 0.0,
+    )
+
+
+class _Moved(Protocol):
+    jumps: list[float]
+    jerk: float
+
+
+def motion_summary(episodes: Sequence[_Moved]) -> dict[str, Any]:
+    """The switch and smoothness fields of results.json over episodes."""
+    jumps = [j for e in episodes for j in e.jumps]
+    return {
+        "switch_jump_mean": float(np.mean(jumps)) if jumps else None,
+        "switch_jump_max": float(np.max(jumps)) if jumps else None,
+        "switches": len(jumps),
+        "jerk_mean": float(np.mean([e.jerk for e in episodes])),
+    }
+
+
+def check_delay(delay_steps: int, horizon: int, execution: str, execution_horizon: int) -> None:
+    """ValueError (one line) for a delay the loop cannot run: d >= H, or for naive and rtc a d beyond the
+    actions left when the next chunk is asked for (the chunk would run out before the reply)."""
+    if not 0 <= delay_steps < horizon:
+        raise ValueError(f"delay_steps must lie in [0, {horizon - 1}], got {delay_steps}")
+    if execution != "sync" and delay_steps > execution_horizon:
+        raise ValueError(
+            f"delay_steps {delay_steps} exceeds execution_horizon {execution_horizon}: the chunk runs out"
+        )
+
+
+def default_execution_horizon(horizon: int) -> int:
+    """H/2 + 1 actions left when the next chunk is asked for, in every mode: up to d = H/2 the old chunk
+    still has an action for the step the new chunk starts at, so naive's and rtc's jumps are measured."""
+    return horizon // 2 + 1
+
+
+def delay_from_latency(latency_ms: float, control_hz: float) -> int:
+    """Control steps a reply of `latency_ms` takes, rounded up: the d the robot advances meanwhile."""
+    return math.ceil(latency_ms * control_hz / 1000 - 1e-6)
