@@ -5,7 +5,9 @@ binary msgpack-numpy observation with one binary msgpack-numpy result. Each resu
 ``server_timing = {"infer_ms", "prev_total_ms"}`` (the latter from the second request on: the previous
 request's time from receipt until its reply was sent) and ``policy_timing = {"infer_ms"}``, which the
 server fills with the backend call time unless the backend reports its own. ``GET /healthz`` on the same
-port answers 200 over plain HTTP.
+port answers 200 over plain HTTP; ``GET /readyz`` 200 once the backend is ready (its ``ready``, e.g. warm-up
+done; a backend without one always is) and 503 before that and while draining; ``GET /metrics`` the
+backend's Prometheus metrics (`serving/metrics.py`; 404 without any).
 
 A backend with ``subscribe_text(listener)`` also streams text: a websocket client of ``/text`` (optionally
 ``/text?robot_id=<id>`` for one robot) receives one binary msgpack message per text event the backend
@@ -49,7 +51,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving import metrics, msgpack_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -291,6 +293,12 @@ class _ConnectionHandler:
         path = urllib.parse.urlsplit(request.path).path
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
+        if path == "/readyz":
+            ready = getattr(self._backend, "ready", True) and not self._draining
+            status = http.HTTPStatus.OK if ready else http.HTTPStatus.SERVICE_UNAVAILABLE
+            return connection.respond(status, "ready\n" if ready else "not ready\n")
+        if path == "/metrics":
+            return metrics.respond(connection, self._backend)
         if path == TEXT_PATH and not hasattr(self._backend, "subscribe_text"):
             return connection.respond(http.HTTPStatus.NOT_FOUND, "This server streams no text\n")
         if self._limits.max_connections is not None and self._open >= self._limits.max_connections:
@@ -321,11 +329,13 @@ class _ConnectionHandler:
                     return
                 self._busy[websocket] = True
                 received = time.monotonic()
+                error_kind = None
                 try:
                     reply = await self._answer(message, prev_total_ms)
                 except Exception as error:
-                    reply = self._error_line(websocket, error)
+                    reply, error_kind = self._error_line(websocket, error), _error_kind(error)
                 await websocket.send(reply)
+                metrics.record(self._backend, time.monotonic() - received, error_kind)
                 self._busy[websocket] = False
                 if isinstance(reply, bytes):
                     prev_total_ms = (time.monotonic() - received) * 1000
@@ -389,6 +399,11 @@ class _ConnectionHandler:
             server_timing["prev_total_ms"] = prev_total_ms
         reply = {"policy_timing": {"infer_ms": infer_ms}, **result, "server_timing": server_timing}
         return msgpack_numpy.packb(reply)
+
+
+def _error_kind(error: Exception) -> str:
+    """The client's fault ("bad_request") or the server's ("internal")."""
+    return "bad_request" if isinstance(error, BadRequestError) else "internal"
 
 
 def _decode_request(message: str | bytes) -> dict:
