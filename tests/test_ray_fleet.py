@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import websockets.sync.client
 from conftest import (
     GOLDEN,
     MAX_TEXT_TOKENS,
@@ -26,7 +27,7 @@ serve = pytest.importorskip("ray.serve")
 client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
 
 from oxygen_jax.runtime.runtime import RuntimeConfig  # noqa: E402
-from oxygen_jax.serving import ray_app  # noqa: E402
+from oxygen_jax.serving import msgpack_numpy, ray_app  # noqa: E402
 from oxygen_jax.serving.server_config import ServerConfig  # noqa: E402
 
 pytestmark = [
@@ -111,7 +112,11 @@ def run_robot(robot: Robot, client: int, noises: np.ndarray, requests: int, paus
     replies = []
     for request in range(requests):
         which = (client + request) % len(noises)
-        obs = client_observation(client) | {"noise": noises[which], "max_text_tokens": text_budget(client)}
+        obs = client_observation(client) | {
+            "noise": noises[which],
+            "max_text_tokens": text_budget(client),
+            "robot_id": f"client-{client}",
+        }
         replies.append((which, robot.infer(obs)))
         time.sleep(pause_s)
     return replies
@@ -126,6 +131,25 @@ def assert_equal_to_alone(replies: list, client: int, alone: tuple[dict, dict]) 
             assert reply["text"] == texts[client]["text"]
 
 
+@contextlib.contextmanager
+def text_subscriber(port: int):
+    """A `/text` subscriber on the Ray port; yields the robot ids of the finished texts it received so far
+    (a function)."""
+    with websockets.sync.client.connect(f"ws://127.0.0.1:{port}/text", compression=None) as subscriber:
+        finished: list[str] = []
+
+        def received() -> set[str]:
+            with contextlib.suppress(TimeoutError):
+                while True:
+                    event = msgpack_numpy.unpackb(subscriber.recv(timeout=1))
+                    if event["done"]:
+                        finished.append(event["robot_id"])
+            return set(finished)
+
+        time.sleep(1.5)  # the subscriber's replica connects to every replica's /text
+        yield received
+
+
 def get(port: int, path: str) -> tuple[int, str]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
         return response.status, response.read().decode()
@@ -137,7 +161,9 @@ def test_an_openpi_client_through_the_ray_proxy_is_served_by_a_named_replica_as_
     assert get(fleet, "/healthz")[0] == 200
     assert get(fleet, "/readyz") == (200, "ready\n")
     robot = Robot(fleet)
-    replies = run_robot(robot, 0, noises, 2 * NOISES)
+    with text_subscriber(fleet) as finished_texts:
+        replies = run_robot(robot, 0, noises, 2 * NOISES)
+        assert finished_texts() == {"client-0"}
     assert robot.errors == 0 and robot.replicas[0]
     assert_equal_to_alone(replies, 0, alone)
     assert any(reply.get("text_done") for _, reply in replies)
@@ -166,8 +192,9 @@ def test_four_clients_over_both_replicas_get_policy_infer_answers_and_each_repli
 ):
     before = replica_requests(fleet)
     robots = [Robot(fleet) for _ in range(CLIENTS)]
-    with ThreadPoolExecutor(CLIENTS) as pool:
+    with text_subscriber(fleet) as finished_texts, ThreadPoolExecutor(CLIENTS) as pool:
         replies = list(pool.map(lambda c: run_robot(robots[c], c, noises, REQUESTS), range(CLIENTS)))
+        assert finished_texts() == {f"client-{client}" for client in range(CLIENTS)}  # from both replicas
     assert [robot.errors for robot in robots] == [0] * CLIENTS
     assert len({robot.replicas[0] for robot in robots}) == REPLICAS  # both replicas served
     for client, client_replies in enumerate(replies):

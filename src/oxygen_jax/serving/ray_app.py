@@ -3,14 +3,16 @@ own device, behind Ray Serve's FastAPI ingress.
 
 Each replica builds its server from a `ServerConfig` exactly as `oxygen-serve` does, warms it up (Ray
 starts routing to the replica once its constructor returns, and `check_health` fails unless warm-up is
-done), and runs the same websocket server (`websocket_server.BackgroundServer`) on 127.0.0.1 on a port of
-its own. The ingress only relays: a robot's websocket (`/`) and a `/text` subscriber are joined frame for
-frame to a connection to that server, and `GET /healthz`, `/readyz` and `/metrics` are forwarded to it with
-the request's `Authorization` header. So the openpi protocol, the limits and every check stay one
+done), and runs the same websocket server (`websocket_server.BackgroundServer`) on its node's address on a
+port of its own. The ingress only relays: a robot's websocket (`/`) is joined frame for frame to a
+connection to that server, and `GET /healthz`, `/readyz` and `/metrics` are forwarded to it with the
+request's `Authorization` header. So the openpi protocol, the limits and every check stay one
 implementation, and a connection stays on one replica for its life (its language requests and chunk state
 live there). The metadata a robot receives on connect names that replica (`replica_id`), and
 `oxygen_server_info{replica_id=...}` labels each replica's `/metrics` (a scrape through the proxy reaches
-one replica).
+one replica). A `/text` subscriber receives every replica's text: each replica lists its server's `/text`
+in a directory actor (`TextSources`), and the replica a subscriber reaches merges them all
+(`relay.fan_in`).
 
 A robot connection is one ongoing request for as long as it is open, so `max_ongoing_requests` (the
 replica's language slots, plus room for a `/text` subscriber and a probe) bounds the robots a replica
@@ -37,8 +39,33 @@ logger = logging.getLogger(__name__)
 APP_NAME = "oxygen"
 # Ongoing requests a replica takes beyond its robots: a /text subscriber and a health or metrics probe.
 EXTRA_REQUESTS = 2
+TEXT_SOURCES = f"{APP_NAME}-text-sources"
 
 ingress = FastAPI()
+
+
+class TextSources:
+    """The directory of the replicas' `/text` URLs: one named actor per application."""
+
+    def __init__(self) -> None:
+        self._urls: dict[str, str] = {}
+
+    def add(self, replica_id: str, url: str) -> None:
+        self._urls[replica_id] = url
+
+    def remove(self, replica_id: str) -> None:
+        self._urls.pop(replica_id, None)
+
+    def urls(self) -> list[str]:
+        return list(self._urls.values())
+
+
+def text_sources() -> Any:
+    """The application's `TextSources` actor (created by the first replica; it outlives replicas)."""
+    actor = ray.remote(TextSources).options(
+        name=TEXT_SOURCES, namespace="serve", get_if_exists=True, lifetime="detached", num_cpus=0
+    )
+    return actor.remote()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,9 +126,12 @@ class ServerReplica:
     def __init__(self, server: ServerConfig) -> None:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._backend = server.build_backend(replica_id=self.replica_id)
-        self._server = BackgroundServer(self._backend, "127.0.0.1", 0, limits=server.limits).start()
+        host = ray.util.get_node_ip_address()  # other replicas' /text subscribers read it too
+        self._server = BackgroundServer(self._backend, host, 0, limits=server.limits).start()
         self._backend.warmup()
-        self._url = f"127.0.0.1:{self._server.port}"
+        self._url = f"{host}:{self._server.port}"
+        self._sources = text_sources()
+        ray.get(self._sources.add.remote(self.replica_id, f"ws://{self._url}{TEXT_PATH}"))
         logger.info("replica %s serves on ws://%s", self.replica_id, self._url)
 
     def check_health(self) -> None:
@@ -111,6 +141,9 @@ class ServerReplica:
         self._server.port  # noqa: B018  (raises once the server stopped)
 
     def __del__(self) -> None:
+        sources = getattr(self, "_sources", None)
+        if sources is not None:
+            sources.remove.remote(self.replica_id)
         server = getattr(self, "_server", None)
         if server is not None:
             server.stop()
@@ -124,8 +157,12 @@ class ServerReplica:
 
     @ingress.websocket(TEXT_PATH)
     async def text(self, client: WebSocket) -> None:
-        query = client.url.query
-        await self._relay(client, TEXT_PATH + (f"?{query}" if query else ""))
+        query = f"?{client.url.query}" if client.url.query else ""
+
+        async def sources() -> list[str]:
+            return [url + query for url in await self._sources.urls.remote()]
+
+        await relay.fan_in(client, sources)
 
     @ingress.get("/healthz")
     async def healthz(self, request: Request) -> Response:
@@ -181,6 +218,7 @@ def serve_fleet(server: ServerConfig, fleet: FleetConfig) -> None:
         asyncio.run(wait())
     finally:
         serve.delete(APP_NAME)
+        ray.kill(text_sources())
         if fleet.ray_address is None:
             serve.shutdown()
             ray.shutdown()

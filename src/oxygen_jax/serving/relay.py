@@ -1,17 +1,17 @@
 """Relaying an ASGI (FastAPI) websocket or GET request to a websocket server, frame for frame: how a fleet
 replica's ingress (`serving/ray_app.py`) reaches the server it runs, so protocol, limits and checks stay
-that server's."""
+that server's; and `fan_in`, which merges several servers' streams (every replica's `/text`) into one."""
 
 import asyncio
 import contextlib
 import logging
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 from fastapi import Request, WebSocket
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
 logger = logging.getLogger(__name__)
 
@@ -82,3 +82,44 @@ async def _server_to_client(server: ClientConnection, client: WebSocket) -> None
                 await client.send_text(message)
     with contextlib.suppress(RuntimeError):  # the client is gone already
         await client.close(server.close_code or 1000, server.close_reason or "")
+
+
+async def fan_in(
+    client: WebSocket, sources: Callable[[], Awaitable[list[str]]], refresh_s: float = 2.0
+) -> None:
+    """Relays every frame of every server `sources()` names (asked again every `refresh_s`, so servers
+    that start later join and a server that went away is tried again) to `client`, until it closes."""
+    await client.accept()
+    frames: asyncio.Queue[str | bytes] = asyncio.Queue()
+    readers: dict[str, asyncio.Task] = {}
+    headers = forwarded(client.headers)
+
+    async def read(url: str) -> None:
+        with contextlib.suppress(OSError, InvalidHandshake, ConnectionClosed):
+            async with connect(url, additional_headers=headers, max_size=None, compression=None) as server:
+                async for message in server:
+                    frames.put_nowait(message)
+
+    async def refresh() -> None:
+        while True:
+            for url in await sources():
+                if url not in readers or readers[url].done():
+                    readers[url] = asyncio.ensure_future(read(url))
+            await asyncio.sleep(refresh_s)
+
+    async def forward() -> None:
+        while True:
+            message = await frames.get()
+            await (client.send_bytes(message) if isinstance(message, bytes) else client.send_text(message))
+
+    async def until_closed() -> None:
+        while (await client.receive())["type"] != "websocket.disconnect":
+            pass
+
+    pumps = [asyncio.ensure_future(pump()) for pump in (refresh, forward, until_closed)]
+    try:
+        await asyncio.wait(pumps, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (*pumps, *readers.values()):
+            task.cancel()
+        await asyncio.gather(*pumps, *readers.values(), return_exceptions=True)
