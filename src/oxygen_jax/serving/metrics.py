@@ -10,7 +10,8 @@ What is measured where:
   size and prefill + denoise seconds, each decode chunk's seconds and steps;
 - the session's text events: tokens produced and language requests finished (by reason);
 - read when scraped: slots in use and their number, observations waiting, the device's busy fraction,
-  compilations after warm-up (in this process), connected robots and readiness.
+  compilations after warm-up (in this process), connected robots and readiness; and the process's own
+  (`process_resident_memory_bytes`, CPU seconds, open files: prometheus_client's process collector).
 
 The streaming backend reports all of them; the inline one (`--language=inline`, no device loop) the
 server's and readiness only.
@@ -28,6 +29,7 @@ from prometheus_client import (
     Counter,
     Histogram,
     Info,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -75,6 +77,7 @@ class ServerMetrics:
         """metadata: the backend's (its `robot` labels the latency; `config` and `replica_id` go into
         `oxygen_server_info`)."""
         self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)  # process_resident_memory_bytes, cpu seconds, ...
         self.robot = str(metadata.get("robot", "unknown"))
         info = Info("oxygen_server", "What this server serves.", registry=self.registry)
         info.info({key: str(metadata.get(key, "")) for key in ("robot", "config", "replica_id")})
