@@ -8,7 +8,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import websockets.sync.client
-from conftest import MAX_TEXT_TOKENS, client_observation, make_policy, raw_observation, text_budget
+from conftest import (
+    MAX_TEXT_TOKENS,
+    client_observation,
+    make_policy,
+    raw_observation,
+    serve_script,
+    text_budget,
+)
 from prometheus_client.parser import text_string_to_metric_families
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
@@ -133,3 +140,14 @@ def test_the_inline_backend_is_ready_after_warm_up_and_metrics_off_answers_404(p
         client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port).infer(raw_observation())
         assert value(scrape(server.port), "oxygen_action_latency_seconds_count", robot="libero") == 1
         assert get(quiet.port, "/metrics")[0] == 404
+
+
+@pytest.mark.integration
+def test_serve_script_turns_ready_after_its_start_up_warm_up_and_metrics_off_with_the_flag(tmp_path):
+    with serve_script(tmp_path) as (_, port), serve_script(tmp_path, "--metrics=false") as (_, quiet):
+        deadline = time.monotonic() + 120
+        while get(port, "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, "serve.py never became ready"
+            time.sleep(0.2)
+        assert value(scrape(port), "oxygen_compilations_after_warmup_total") == 0
+        assert get(quiet, "/metrics")[0] == 404
