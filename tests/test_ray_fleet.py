@@ -207,6 +207,31 @@ def test_four_clients_over_both_replicas_get_policy_infer_answers_and_each_repli
         assert after[replica] - before.get(replica, 0) == served
 
 
+def test_a_serve_config_files_args_describe_the_server_and_fleet_and_size_each_replica():
+    args = {
+        "config_name": "pi05_libero",
+        "checkpoint_dir": "gs://openpi-assets/checkpoints/pi05_libero",
+        "max_text_tokens": 24,
+        "runtime": {"max_slots": 8, "max_new_tokens": 24, "k": 2},
+        "limits": {"max_connections": 32},
+        "fleet": {"replicas": 2, "max_replicas": 8},
+    }
+    server, fleet = ray_app.configs(args)
+    assert server.runtime == RuntimeConfig(max_slots=8, max_new_tokens=24, k=2)
+    assert server.limits.max_connections == 32 and server.limits.max_message_mb == 16.0
+    options = fleet.deployment_options(server, gpus=True)
+    assert options["max_ongoing_requests"] == 8 + ray_app.EXTRA_REQUESTS
+    assert options["ray_actor_options"] == {"num_cpus": 0, "num_gpus": 1}
+    assert options["autoscaling_config"] == {
+        "min_replicas": 2,
+        "initial_replicas": 2,
+        "max_replicas": 8,
+        "target_ongoing_requests": 4.0,
+    }
+    with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
+        ray_app.FleetConfig(replicas=3, max_replicas=2)
+
+
 def kill_replica(replica_id: str) -> None:
     """Kills the Ray actor of one replica, as a crash would (Serve then starts another)."""
     (name,) = [

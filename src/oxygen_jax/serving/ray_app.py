@@ -30,9 +30,10 @@ import ray
 from fastapi import FastAPI, Request, Response, WebSocket
 from ray import serve
 
+from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import relay
 from oxygen_jax.serving.server_config import ServerConfig
-from oxygen_jax.serving.websocket_server import TEXT_PATH, BackgroundServer
+from oxygen_jax.serving.websocket_server import TEXT_PATH, BackgroundServer, ServerLimits
 
 logger = logging.getLogger(__name__)
 
@@ -187,6 +188,26 @@ class ServerReplica:
 def application(server: ServerConfig, fleet: FleetConfig, gpus: bool = False) -> serve.Application:
     """The Ray Serve application of `fleet` replicas of `server` (for `serve.run`)."""
     return ServerReplica.options(**fleet.deployment_options(server, gpus)).bind(server)
+
+
+def configs(args: dict[str, Any]) -> tuple[ServerConfig, FleetConfig]:
+    """A Serve config file's `args` as the server and fleet: `ServerConfig` fields, with `runtime` and
+    `limits` as maps of `RuntimeConfig` and `ServerLimits` fields (no `runtime`: `--language=inline`) and
+    `fleet` as a map of `FleetConfig` fields."""
+    args = dict(args)
+    fleet = FleetConfig(**args.pop("fleet", {}))
+    runtime = args.pop("runtime", None)
+    runtime = None if runtime is None else RuntimeConfig(**runtime)
+    limits = ServerLimits(**args.pop("limits", {}))
+    return ServerConfig(**args, runtime=runtime, limits=limits), fleet
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """What `serve run config.yaml` and a KubeRay `RayService` build (`import_path:
+    oxygen_jax.serving.ray_app:app_builder`); `args` as `configs` reads them."""
+    server, fleet = configs(args)
+    gpus = ray.is_initialized() and ray.cluster_resources().get("GPU", 0) >= 1
+    return application(server, fleet, gpus)
 
 
 def start(server: ServerConfig, fleet: FleetConfig) -> None:
