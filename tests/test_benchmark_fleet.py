@@ -30,4 +30,9 @@ def test_the_fleet_benchmark_serves_every_robot_on_the_plain_server_and_through_
         assert load["p50_ms"] <= load["p99_ms"]
         (memory,) = server["memory_mb"].values()
         assert memory > 100, name  # a process holding jax and the model
-    assert "proxy_p50_added_ms" in result["servers"]["ray_1"]
+    fleet = result["servers"]["ray_1"]
+    proxied, direct = fleet["proxied_one_robot"], fleet["direct_one_robot"]
+    for one_robot in (proxied, direct):
+        assert one_robot["replies"] > 0 and one_robot["errors"] == 0
+    assert direct["replica_ids"] == proxied["replica_ids"]  # the same replica, past the proxy
+    assert "proxy_p50_added_ms" in fleet

@@ -4,8 +4,9 @@ For each server (plain, then `--ray --replicas=N` for each N) it starts `oxygen-
 waits for `/readyz`, and runs R closed-loop robots (openpi clients in threads, back to back, no think
 time) for a few seconds per R: replies per second, action latency (client send to reply) p50 / p99,
 errors and the replicas that served. Memory is each server process's (each replica's) resident set, read
-from `/metrics` (`process_resident_memory_bytes`). The Ray proxy's cost per request is the fleet's p50
-latency minus the plain server's at one robot (no queueing).
+from `/metrics` (`process_resident_memory_bytes`). The Ray proxy's cost per request: a one-replica
+fleet's p50 at one robot (no queueing) through the proxy, minus the same replica's p50 reached directly
+(its own server's address, asked through a `DeploymentHandle`), measured one after the other.
 """
 
 import contextlib
@@ -70,7 +71,22 @@ def _server(command: list[str], port: int, timeout_s: float, log_path: str) -> I
             process.wait()
 
 
-def _drive(port: int, robots: int, seconds: float, obs: dict) -> dict:
+def _replica_address() -> tuple[str, int]:
+    """The one replica's own server, asked through Ray (the local cluster `oxygen-serve --ray` started)."""
+    import ray
+    from ray import serve
+
+    from oxygen_jax.serving import ray_app
+
+    ray.init(address="auto", log_to_driver=False)
+    try:
+        host, port = serve.get_app_handle(ray_app.APP_NAME).address.remote().result().rsplit(":", 1)
+    finally:
+        ray.shutdown()
+    return host, int(port)
+
+
+def _drive(port: int, robots: int, seconds: float, obs: dict, host: str = "127.0.0.1") -> dict:
     """R robots sending back to back for `seconds`."""
     from openpi_client.websocket_client_policy import WebsocketClientPolicy
 
@@ -80,7 +96,7 @@ def _drive(port: int, robots: int, seconds: float, obs: dict) -> dict:
     stop = threading.Event()
 
     def robot(index: int) -> None:
-        client = WebsocketClientPolicy(host="127.0.0.1", port=port)
+        client = WebsocketClientPolicy(host=host, port=port)
         replicas.add(str(client.get_server_metadata().get("replica_id")))
         while not stop.is_set():
             start = time.perf_counter()
@@ -113,6 +129,7 @@ def _drive(port: int, robots: int, seconds: float, obs: dict) -> dict:
         "p99_ms": float(np.percentile(flat, 99) * 1e3),
         "errors": sum(errors),
         "replicas_serving": len(replicas),
+        "replica_ids": sorted(replicas),
     }
 
 
@@ -147,12 +164,14 @@ def run(config_name: str, replicas: list[int], load: FleetLoad, out_dir: str) ->
         log = os.path.join(out_dir, f"fleet_{config_name}_{name}.log")
         with _server([*base, f"--port={port}", *flags], port, load.start_timeout_s, log):
             runs = [_drive(port, robots, load.seconds, obs) for robots in load.robots]
-            memory = _memory_mb(port, count)
-        results["servers"][name] = {"replicas": count, "loads": runs, "memory_mb": memory}
-    plain = results["servers"]["plain"]["loads"][0]["p50_ms"]
-    for name, server in results["servers"].items():
-        if name != "plain":
-            server["proxy_p50_added_ms"] = server["loads"][0]["p50_ms"] - plain
+            server = {"replicas": count, "loads": runs, "memory_mb": _memory_mb(port, count)}
+            if flags and count == 1:
+                proxied = _drive(port, 1, load.seconds, obs)
+                host, direct_port = _replica_address()
+                direct = _drive(direct_port, 1, load.seconds, obs, host)
+                server |= {"proxied_one_robot": proxied, "direct_one_robot": direct}
+                server["proxy_p50_added_ms"] = proxied["p50_ms"] - direct["p50_ms"]
+        results["servers"][name] = server
     return results
 
 
@@ -174,6 +193,15 @@ def table(results: dict) -> str:
             lines.append(
                 f"| {name} | {load['robots']} | {load['replies_per_s']:.1f} | {load['p50_ms']:.1f} | "
                 f"{load['p99_ms']:.1f} | {load['errors']} | {load['replicas_serving']} | {memory} |"
+            )
+        if "proxy_p50_added_ms" in server:
+            proxied, direct = server["proxied_one_robot"], server["direct_one_robot"]
+            lines.append(
+                f"| {name}: one robot through the proxy / straight to the replica | 1 | "
+                f"{proxied['replies_per_s']:.1f} / {direct['replies_per_s']:.1f} | "
+                f"{proxied['p50_ms']:.1f} / {direct['p50_ms']:.1f} | "
+                f"{proxied['p99_ms']:.1f} / {direct['p99_ms']:.1f} | "
+                f"{proxied['errors'] + direct['errors']} | 1 | {memory} |"
             )
     return "\n".join(lines)
 

@@ -135,6 +135,11 @@ class ServerReplica:
         ray.get(self._sources.add.remote(self.replica_id, f"ws://{self._url}{TEXT_PATH}"))
         logger.info("replica %s serves on ws://%s", self.replica_id, self._url)
 
+    def address(self) -> str:
+        """host:port of this replica's own server: one replica reached past the proxy (through a
+        `DeploymentHandle`, e.g. to measure what the proxy adds)."""
+        return self._url
+
     def check_health(self) -> None:
         """Ray's health check: raises unless warm-up is done and the server runs."""
         if not self._backend.ready:
