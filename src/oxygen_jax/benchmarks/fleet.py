@@ -20,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -69,21 +69,6 @@ def _server(command: list[str], port: int, timeout_s: float, log_path: str) -> I
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-
-
-def _replica_address() -> tuple[str, int]:
-    """The one replica's own server, asked through Ray (the local cluster `oxygen-serve --ray` started)."""
-    import ray
-    from ray import serve
-
-    from oxygen_jax.serving import ray_app
-
-    ray.init(address="auto", log_to_driver=False)
-    try:
-        host, port = serve.get_app_handle(ray_app.APP_NAME).address.remote().result().rsplit(":", 1)
-    finally:
-        ray.shutdown()
-    return host, int(port)
 
 
 def _drive(port: int, robots: int, seconds: float, obs: dict, host: str = "127.0.0.1") -> dict:
@@ -151,8 +136,15 @@ def _memory_mb(port: int, replicas: int) -> dict[str, float]:
     return found
 
 
-def run(config_name: str, replicas: list[int], load: FleetLoad, out_dir: str) -> dict:
-    """Plain server, then a fleet per entry of `replicas`: each measured at every robot count."""
+def run(
+    config_name: str,
+    replicas: list[int],
+    load: FleetLoad,
+    out_dir: str,
+    replica_address: Callable[[], tuple[str, int]],
+) -> dict:
+    """Plain server, then a fleet per entry of `replicas`: each measured at every robot count.
+    replica_address(): (host, port) of a one-replica fleet's own server (`ray_app.replica_address`)."""
     obs = policy.robot(config.load_config(config_name)).raw_spec.example()
     base = [sys.executable, "-m", "oxygen_jax.tools.serve", f"--config={config_name}", "--max_text_tokens=0"]
     variants = [("plain", 1, [])] + [
@@ -167,7 +159,7 @@ def run(config_name: str, replicas: list[int], load: FleetLoad, out_dir: str) ->
             server = {"replicas": count, "loads": runs, "memory_mb": _memory_mb(port, count)}
             if flags and count == 1:
                 proxied = _drive(port, 1, load.seconds, obs)
-                host, direct_port = _replica_address()
+                host, direct_port = replica_address()
                 direct = _drive(direct_port, 1, load.seconds, obs, host)
                 server |= {"proxied_one_robot": proxied, "direct_one_robot": direct}
                 server["proxy_p50_added_ms"] = proxied["p50_ms"] - direct["p50_ms"]

@@ -215,6 +215,17 @@ def app_builder(args: dict[str, Any]) -> serve.Application:
     return application(server, fleet, gpus)
 
 
+def replica_address(ray_address: str = "auto") -> tuple[str, int]:
+    """(host, port) of the server of the running application's replica (one of them, if several), asked
+    through a `DeploymentHandle` from outside the cluster's driver."""
+    ray.init(address=ray_address, log_to_driver=False)
+    try:
+        host, port = serve.get_app_handle(APP_NAME).address.remote().result().rsplit(":", 1)
+    finally:
+        ray.shutdown()
+    return host, int(port)
+
+
 def start(server: ServerConfig, fleet: FleetConfig) -> None:
     """Joins or starts the Ray cluster, starts Serve's proxy on `fleet.host:port` and deploys the replicas;
     returns once every replica is warm."""

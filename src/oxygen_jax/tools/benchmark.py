@@ -145,7 +145,10 @@ def _fleet(config_name: str) -> None:
     load = fleet.FleetLoad(
         robots=tuple(int(r) for r in _FLEET_ROBOTS.value), seconds=_SERVING_SECONDS.value
     )
-    results = fleet.run(config_name, [int(n) for n in _REPLICAS.value], load, str(out))
+    from oxygen_jax.serving import ray_app  # the ray extra, needed here only
+
+    sizes = [int(n) for n in _REPLICAS.value]
+    results = fleet.run(config_name, sizes, load, str(out), ray_app.replica_address)
     _write_json(out / f"fleet_{config_name}.json", results)
     print(fleet.table(results))
 
