@@ -106,6 +106,8 @@ class PolicyServerBackend:
         with self._lock:
             self._policy.infer(self._policy.io.spec.example() if obs is None else obs)
             self._ready = True
+        if self.metrics is not None:
+            self.metrics.warmed_up()
 
     def infer(self, obs: dict) -> dict:
         obs, text_tasks = _split(obs, "text_tasks")
