@@ -60,6 +60,15 @@ class RawSpec:
             raw[path] = np.moveaxis(np.asarray(value), -1, 0) if hwc else value
         return traverse_util.unflatten_dict(raw)
 
+    def example(self) -> dict[str, Any]:
+        """A blank observation with every camera and vector, to compile a server's programs before any robot
+        connects (all cameras: the largest prefix, so the batch state fits every robot of this kind)."""
+        size = transforms.IMAGE_SIZE
+        image = (3, size, size) if self.channels_first_only else (size, size, 3)
+        flat: dict[Path, Any] = {path: np.zeros(image, np.uint8) for path in self.cameras}
+        flat |= {path: np.zeros(length, np.float32) for path, length in self.vectors.items()}
+        return traverse_util.unflatten_dict(flat) | {"prompt": "warm up"}
+
 
 @dataclasses.dataclass(frozen=True)
 class RobotIO:

@@ -30,7 +30,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -83,6 +84,18 @@ class DeviceLoopStats:
         return (self.action_s + self.decode_s) / max(wall, 1e-9)
 
 
+class LoopObserver(Protocol):
+    """Told what the device thread did (e.g. to export metrics); called on that thread, so it must return at
+    once."""
+
+    def batch_done(self, waits_s: Sequence[float], action_s: float) -> None:
+        """A batch of observations got its actions: each one's wait (receipt to batch start) and the batch's
+        prefill + denoise seconds (frame mode: the whole frame)."""
+
+    def chunk_done(self, steps: int, rows: int, seconds: float) -> None:
+        """A decode chunk of `steps` over `rows` active slots took `seconds` (with its harvest)."""
+
+
 class _Step(enum.Enum):
     CALLS = "calls"
     OBSERVE = "observe"
@@ -114,6 +127,7 @@ class DeviceLoop:
         self.expected_senders = expected_senders
         self.owed_k = owed_k
         self.stats = DeviceLoopStats()
+        self.observer: LoopObserver | None = None
         self._cond = threading.Condition()
         self._waiting: list[ObservationWork] = []
         self._calls: list[Callable[[], None]] = []
@@ -154,6 +168,11 @@ class DeviceLoop:
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    @property
+    def waiting(self) -> int:
+        """Observations received and not yet in a batch."""
+        return len(self._waiting)
 
     def call(self, fn: Callable[[], None]) -> None:
         """Runs `fn` on the device thread before its next piece of work (e.g. to cancel a request)."""
@@ -242,6 +261,8 @@ class DeviceLoop:
         self.stats.action_s += action_s
         self.stats.batches += 1
         self.stats.observations += len(batch)
+        if self.observer is not None:
+            self.observer.batch_done([start - work.received for work in batch], action_s)
         for work, (actions, error) in zip(batch, outcomes, strict=True):
             reply = ActionReply(actions, error, start - work.received, action_s, len(batch))
             self.output.push(functools.partial(work.reply, reply))
@@ -269,3 +290,5 @@ class DeviceLoop:
         self.stats.chunks += 1
         self.stats.chunk_steps += chunk.k
         self.stats.chunk_rows += chunk.k * chunk.decode_batch
+        if self.observer is not None:
+            self.observer.chunk_done(chunk.k, chunk.decode_batch, chunk_s)

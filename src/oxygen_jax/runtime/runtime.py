@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable
 import numpy as np
 
 from oxygen_jax.engine.api import RuntimeEngine
-from oxygen_jax.runtime.device_loop import MODES, DeviceLoop, DeviceLoopStats, ObservationWork
+from oxygen_jax.runtime.device_loop import MODES, DeviceLoop, DeviceLoopStats, LoopObserver, ObservationWork
 from oxygen_jax.runtime.k_policy import DeadlineK, DelayBoundK, FixedK, KPolicy
 from oxygen_jax.runtime.manager import KVCacheManager
 from oxygen_jax.runtime.output import Detokenize, OutputStage, OutputThread, token_ids_text
@@ -122,6 +122,11 @@ class Runtime:
         return self._started
 
     @property
+    def waiting(self) -> int:
+        """Observations received and not yet prefilled."""
+        return self._served().waiting
+
+    @property
     def output_tracked(self) -> int:
         """Requests whose text the output stage is assembling."""
         return self._output.stage.tracked
@@ -150,6 +155,10 @@ class Runtime:
                 self._started = False
 
     # --- served ---
+    def observe(self, observer: LoopObserver | None) -> None:
+        """Reports every batch of observations and decode chunk to `observer` from now on (None: stop)."""
+        self._served().observer = observer
+
     def submit(self, *works: ObservationWork) -> None:
         """Queues observations (any thread), all at once so they can share a batch; starts the runtime.
         Each `reply` and every callback of their language requests runs on the output thread."""

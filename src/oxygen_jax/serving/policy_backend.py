@@ -17,11 +17,16 @@ the text stream); they are taken out before the robot transforms see the observa
   protocol of `client/protocol.py`): its reply is guided towards the connection's last chunk, and every
   reply carries `chunk_id`, `start` and `stale`; a bad `rtc` is a bad request of that robot only.
   `PolicyServerBackend` refuses `rtc` (it keeps no per-connection state).
+
+Both are `ready` (the server's `/readyz`) once `warmup` compiled every program, or once the first request
+did; both keep Prometheus `metrics` (`serving/metrics.py`; `metrics=False`: none). `replica_id` (a replica
+of a fleet, `serving/ray_app.py`) joins the metadata each client receives on connect.
 """
 
 import asyncio
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -30,6 +35,7 @@ import numpy as np
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import Policy, RequestOptions
+from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
 MAX_ROBOT_ID = 64
@@ -57,22 +63,46 @@ def _split(obs: dict, key: str) -> tuple[dict, Any]:
     return obs, obs.pop(key, None)
 
 
+def _with_replica(metadata: Mapping[str, Any], replica_id: str | None) -> dict:
+    return dict(metadata) if replica_id is None else {**metadata, "replica_id": replica_id}
+
+
 class PolicyServerBackend:
     """The `PolicyBackend` the websocket server calls, one request at a time, around one Policy."""
 
-    def __init__(self, policy: Policy) -> None:
+    def __init__(self, policy: Policy, *, metrics: bool = True, replica_id: str | None = None) -> None:
         self._policy = policy
+        self._replica_id = replica_id
+        self._lock = threading.Lock()  # warm-up and requests take turns: a Policy need not be thread-safe
+        self._ready = False
+        self.metrics = ServerMetrics(self.metadata) if metrics else None
+        if self.metrics is not None:
+            self.metrics.watch(lambda: self.metrics.readiness(self._ready))
 
     @property
     def metadata(self) -> dict:
-        return self._policy.metadata
+        return _with_replica(self._policy.metadata, self._replica_id)
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
+        """Compiles what a request runs, on `obs` (default: the robot's blank observation)."""
+        with self._lock:
+            self._policy.infer(self._policy.io.spec.example() if obs is None else obs)
+            self._ready = True
+        if self.metrics is not None:
+            self.metrics.warmed_up()
 
     def infer(self, obs: dict) -> dict:
         obs, text_tasks = _split(obs, "text_tasks")
         if protocol.RTC in obs:
             raise InvalidRequest("rtc: real-time chunking needs the streaming server (--language=stream)")
         obs, options, _ = _split_request(obs)
-        result = self._policy.infer(obs, text_tasks=text_tasks, **options)
+        with self._lock:
+            result = self._policy.infer(obs, text_tasks=text_tasks, **options)
+            self._ready = True
         if "text" in result:
             result["text_done"] = True
         return result
@@ -89,15 +119,36 @@ class SessionServerBackend:
     its slot. `subscribe_text` feeds the server's `/text` stream.
     """
 
-    def __init__(self, session: MultiRobotSession, *, prepare_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        session: MultiRobotSession,
+        *,
+        prepare_workers: int | None = None,
+        metrics: bool = True,
+        replica_id: str | None = None,
+    ) -> None:
         self._session = session
+        self._replica_id = replica_id
         workers = prepare_workers or max(2, os.cpu_count() or 1)
         self._prepare = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
         self._clients: set[asyncio.Task] = set()
+        self.metrics = ServerMetrics(self.metadata) if metrics else None
+        if self.metrics is not None:
+            self._watch(self.metrics)
 
     @property
     def metadata(self) -> dict:
-        return self._session.metadata
+        return _with_replica(self._session.metadata, self._replica_id)
+
+    @property
+    def ready(self) -> bool:
+        return self._session.warm
+
+    def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
+        """Compiles every program (`MultiRobotSession.warmup`)."""
+        self._session.warmup(obs)
+        if self.metrics is not None:
+            self.metrics.warmed_up()
 
     async def infer_async(self, obs: dict) -> dict:
         obs, text_tasks = _split(obs, "text_tasks")
@@ -126,6 +177,22 @@ class SessionServerBackend:
         """Answers what the runtime holds, then stops it."""
         self._prepare.shutdown()
         self._session.stop()
+
+    def _watch(self, metrics: ServerMetrics) -> None:
+        """Feeds `metrics` from the session's device loop and text events, and from its state when scraped."""
+        session, runtime = self._session, self._session.runtime
+        runtime.observe(metrics)
+        session.subscribe(lambda event: metrics.text_event(len(event.tokens), event.finish_reason))
+        metrics.watch(
+            lambda: {
+                **metrics.readiness(session.warm),
+                "oxygen_slots_in_use": runtime.manager.active,
+                "oxygen_slots_max": runtime.manager.max_slots,
+                "oxygen_observations_waiting": runtime.waiting,
+                "oxygen_device_busy_fraction": runtime.stats.busy_fraction() if runtime.running else 0.0,
+                "oxygen_connected_robots": len(self._clients),
+            }
+        )
 
     def _depart(self, client: asyncio.Task) -> None:
         self._clients.discard(client)

@@ -172,6 +172,11 @@ class MultiRobotSession:
         return self._runtime
 
     @property
+    def warm(self) -> bool:
+        """Every program steady state can meet is compiled (`warmup`, or the first request, did it)."""
+        return self._warm
+
+    @property
     def metadata(self) -> dict[str, Any]:
         """The Policy's metadata, plus how this session streams text."""
         return {
@@ -193,9 +198,11 @@ class MultiRobotSession:
         """Answers every observation already received, then stops the runtime."""
         self._runtime.stop()
 
-    def warmup(self, obs: Mapping[str, Any]) -> None:
+    def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
         """Compiles every shape steady state can meet, on one raw observation of this robot (its masked
-        cameras pick the prefill variant). The first request does this when nobody did before."""
+        cameras pick the prefill variant; default: the robot's blank observation with every camera). The
+        first request does this when nobody did before."""
+        obs = self._policy.io.spec.example() if obs is None else obs
         self._warm_up(self._policy.prepare(obs, RequestOptions(prompt_for_text=False)).arrays)
 
     def subscribe(self, listener: Callable[[TextEvent], None]) -> Callable[[], None]:

@@ -8,6 +8,8 @@ server fills with the backend call time unless the backend reports its own. On t
 HTTP, ``GET /healthz`` answers 200 while the process serves, and ``GET /readyz`` 200 "ready" only when the
 backend says it is ready (its ``ready``, if it has one), the server is not draining and a robot slot is
 free (else 503 and the reason).
+``GET /metrics`` answers the backend's Prometheus metrics (`serving/metrics.py`; 404 without any;
+the API key when one is set).
 
 A backend with ``subscribe_text(listener)`` also streams text: a websocket client of ``/text`` (optionally
 ``/text?robot_id=<id>`` for one robot) receives one binary msgpack message per text event the backend
@@ -70,7 +72,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import CloseCode
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving import metrics, msgpack_numpy
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 
 logger = logging.getLogger(__name__)
@@ -351,6 +353,8 @@ class _ConnectionHandler:
         if not self._authorized(request):
             logger.info("Refused %s: no valid API key", connection.remote_address)
             return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
+        if path == "/metrics":
+            return metrics.respond(connection, self._backend)
         kind = TEXT if path == TEXT_PATH else ROBOT
         if kind == TEXT and not hasattr(self._backend, "subscribe_text"):
             return connection.respond(http.HTTPStatus.NOT_FOUND, "This server streams no text\n")
@@ -440,11 +444,13 @@ class _ConnectionHandler:
             if message is None:
                 return
             received = time.monotonic()
+            error_kind = None
             try:
                 reply = await self._answer(message, prev_total_ms)
             except Exception as error:
-                reply = self._error_line(websocket, error)
+                reply, error_kind = self._error_line(websocket, error), _error_kind(error)
             await websocket.send(reply)
+            metrics.record(self._backend, time.monotonic() - received, error_kind)
             if isinstance(reply, bytes):
                 prev_total_ms = (time.monotonic() - received) * 1000
 
@@ -588,6 +594,11 @@ def _address(connection: ServerConnection) -> str:
     """The client's IP address (a reverse proxy's, behind one)."""
     remote = connection.remote_address
     return str(remote[0]) if remote else "?"
+
+
+def _error_kind(error: Exception) -> str:
+    """The client's fault ("bad_request") or the server's ("internal")."""
+    return "bad_request" if isinstance(error, BadRequestError) else "internal"
 
 
 def _shortened(text: str) -> str:

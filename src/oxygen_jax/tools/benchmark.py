@@ -7,6 +7,7 @@
   oxygen-benchmark --report_only --out=DIR      # tables and plots from DIR/runs/*.json
   oxygen-benchmark --serving --out=DIR          # closed-loop robots: action_only / frame / async
   oxygen-benchmark --serving --serving_sweep    # R in {1, 4, 16} x think time in {0, 100, 300} ms
+  oxygen-benchmark --serving --ray --replicas=1,2 --config=pi05_tiny   # plain server vs Ray Serve fleets
   oxygen-benchmark --multitask --out=DIR        # 3 text tasks per observation: isolated vs shared
   oxygen-benchmark --rtc --out=DIR              # guided (real-time chunking) vs plain denoise
   oxygen-benchmark --check_image                # does the GPU image (+ .whl/) cover every import?
@@ -29,6 +30,7 @@ from absl import flags
 
 from oxygen_jax import cli, config, preflight
 from oxygen_jax.benchmarks import (
+    fleet,
     gpu_image,
     gpu_summary,
     multitask,
@@ -76,6 +78,11 @@ _SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "Keep runs already re
 _SERVING = flags.DEFINE_bool("serving", False, "Robots (R=1 T=300 ms, R=4 T=0): DIR/serving.json.")
 _SERVING_SWEEP = flags.DEFINE_bool("serving_sweep", False, "--serving for R in 1,4,16 x T in 0,100,300 ms.")
 _SERVING_SECONDS = flags.DEFINE_float("serving_seconds", 20.0, "Seconds each serving mode runs.")
+_RAY = flags.DEFINE_bool(
+    "ray", False, "With --serving: oxygen-serve alone vs --ray fleets of it: DIR/fleet_<config>.json."
+)
+_REPLICAS = flags.DEFINE_list("replicas", ["1", "2"], "--serving --ray: fleet sizes to measure.")
+_FLEET_ROBOTS = flags.DEFINE_list("fleet_robots", ["1", "4"], "--serving --ray: robots sending back to back.")
 _MULTITASK = flags.DEFINE_bool(
     "multitask", False, "Subtask, narration and memory on every observation: DIR/multitask.json."
 )
@@ -132,6 +139,20 @@ def _report(out: pathlib.Path) -> None:
     for path in plots.write_all(runs, roof, out):
         print(f"wrote {path}")
     print(json.dumps({k: v for k, v in quick.items() if k != "memory"}, indent=1))
+
+
+def _fleet(config_name: str) -> None:
+    """The plain server and each fleet size at the same load, in subprocesses (see benchmarks/fleet.py)."""
+    out = _out_dir({"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind})
+    load = fleet.FleetLoad(
+        robots=tuple(int(r) for r in _FLEET_ROBOTS.value), seconds=_SERVING_SECONDS.value
+    )
+    from oxygen_jax.serving import ray_app  # the ray extra, needed here only
+
+    sizes = [int(n) for n in _REPLICAS.value]
+    results = fleet.run(config_name, sizes, load, str(out), ray_app.replica_address)
+    _write_json(out / f"fleet_{config_name}.json", results)
+    print(fleet.table(results))
 
 
 def _serving(cfg, cache_dir: str | None) -> None:
@@ -231,6 +252,9 @@ def main(_):
         return
     if _MULTITASK.value:
         _multitask(_CONFIG.value, _CACHE.value or None)
+        return
+    if _SERVING.value and _RAY.value:
+        _fleet(_CONFIG.value.name)
         return
     # What follows ends in figures, drawn after minutes of runs: matplotlib and the folder checked first.
     preflight.extra("matplotlib", "benchmark", "drawing the benchmark figures")

@@ -24,9 +24,9 @@ arriving observation waits at most `--max_action_delay_ms` (and `--k` tokens bet
 robots call back to back); with `--loop=frame` (the paper's frame loop)
 `--k` tokens per frame (or as many as `--target_hz` leaves time for) before the frame's replies. Replies
 carry the text (`text`, `text_tokens`, `text_done`, `text_request_id`), and websocket clients of `/text`
-on the same port receive every robot's tokens as they are produced. The first request compiles every
-shape (a one-time wait). `--language=inline` instead answers one request at a time and decodes its text
-to completion within it.
+on the same port receive every robot's tokens as they are produced. The server compiles every shape
+as it starts (a request that arrives earlier waits). `--language=inline` instead answers one request at
+a time and decodes its text to completion within it.
 
 No client can stall or lock out the others: robot connections and `/text` subscribers have caps of their
 own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`), idle ones are closed after
@@ -34,19 +34,27 @@ own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`),
 request received or buffered before closing, within `--drain_timeout_s`. `--api_key` (or
 $OXYGEN_API_KEY) makes robots and `/text` send `Authorization: Api-Key <key>` (openpi-client's `api_key`);
 `GET /healthz` and `GET /readyz` stay open (docs/serving.md).
+
+Operations endpoints on the same port: `GET /healthz` (alive), `GET /readyz` (200 once the warm-up that
+starts with the server compiled every program; 503 before, while draining and while every robot slot
+is taken) and `GET /metrics`
+(Prometheus; `--metrics=false` turns it off).
+
+`--ray --replicas=2` serves the same server as replicas of a Ray Serve application (`serving/ray_app.py`):
+on a local Ray cluster, or on a running one with `--ray_address=auto`; robots connect to `--port` of the Ray
+proxy, unchanged. `--max_replicas` above `--min_replicas` autoscales on connected robots instead.
 """
 
 import os
 import sys
+import threading
 
 from absl import flags, logging
 
-from oxygen_jax import cli, config, preflight
-from oxygen_jax.policies.policy import create_policy
+from oxygen_jax import cli, config, errors, preflight
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import openpi_args, recorder, websocket_server
-from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
+from oxygen_jax.serving.server_config import ServerConfig
 
 _ENV = flags.DEFINE_enum(
     "env",
@@ -127,6 +135,24 @@ _API_KEY = flags.DEFINE_string(
     f"${API_KEY_ENV}, else no key.",
 )
 _DEBUG_ERRORS = flags.DEFINE_bool("debug_errors", False, "Send tracebacks to clients, not only to the log.")
+_METRICS = flags.DEFINE_bool("metrics", True, "Serve Prometheus metrics at GET /metrics.")
+_RAY = flags.DEFINE_bool("ray", False, "Serve replicas of this server on Ray Serve (the [ray] extra).")
+_RAY_ADDRESS = flags.DEFINE_string(
+    "ray_address", None, "--ray: the Ray cluster to join ('auto': the running one); default: a local one."
+)
+_REPLICAS = flags.DEFINE_integer("replicas", 1, "--ray: replicas, each a whole server on its own device.")
+_MIN_REPLICAS = flags.DEFINE_integer("min_replicas", None, "--ray autoscaling: fewest replicas (--replicas).")
+_MAX_REPLICAS = flags.DEFINE_integer(
+    "max_replicas", None, "--ray: autoscale up to this many replicas on connected robots (default: fixed)."
+)
+_TARGET_ONGOING = flags.DEFINE_float(
+    "target_ongoing_requests",
+    None,
+    "--ray autoscaling: connected robots per replica to aim for (default max_slots/2).",
+)
+_REPLICA_CPUS = flags.DEFINE_float(
+    "replica_cpus", 1.0, "--ray on CPUs: CPUs each replica reserves (fractions allowed)."
+)
 
 
 # The checkpoints openpi's serve_policy.py serves for each env by default (`--checkpoint_dir=default`).
@@ -150,7 +176,8 @@ def checkpoint_dir() -> str | None:
     return _OPENPI_DEFAULT_CHECKPOINTS[_ENV.value]
 
 
-def main(_):
+def server_config() -> ServerConfig:
+    """The server the flags describe."""
     name = _MODEL.config_name() if flags.FLAGS[_MODEL.config.name].present else f"pi05_{_ENV.value}"
     overrides = _MODEL.config_overrides()
     if flags.FLAGS["env"].present:  # an explicit --env also picks the robot transforms of another config
@@ -162,19 +189,8 @@ def main(_):
     preflight.port_free(_HOST.value, _PORT.value)
     if _RECORD.value:
         preflight.writable(_RECORD_DIR.value, folder=True)
-    policy = create_policy(
-        name,
-        checkpoint_dir(),
-        tokenizer_path=_MODEL.tokenizer_path.value,
-        max_text_tokens=max_text,
-        default_prompt=_PROMPT.value,
-        num_steps=_MODEL.num_steps.value,
-        params_dtype=_MODEL.params_dtype_value(),
-        overrides=overrides,
-    )
-    if _LANGUAGE.value == "inline":
-        backend = PolicyServerBackend(policy)
-    else:
+    runtime_config = None
+    if _LANGUAGE.value == "stream":
         try:
             runtime_config = RuntimeConfig(
                 max_slots=_MAX_SLOTS.value or cfg.engine.max_slots,
@@ -189,13 +205,6 @@ def main(_):
             )
         except ValueError as error:
             cli.fail(str(error))
-        session = MultiRobotSession(
-            policy, runtime_config, max_text_tasks=_MAX_TEXT_TASKS.value, rtc=_RTC.value
-        )
-        backend = SessionServerBackend(session)
-    logging.info("serving metadata: %s", backend.metadata)
-    if _RECORD.value:
-        backend = recorder.recording(backend, _RECORD_DIR.value)
     limits = websocket_server.ServerLimits(
         max_message_mb=_MAX_MESSAGE_MB.value,
         max_connections=_MAX_CONNECTIONS.value,
@@ -207,8 +216,35 @@ def main(_):
         api_key=_API_KEY.value or os.environ.get(API_KEY_ENV) or None,
         debug_errors=_DEBUG_ERRORS.value,
     )
-    websocket_server.serve(backend, _HOST.value, _PORT.value, limits=limits)
-    if _LANGUAGE.value == "stream":
+    return ServerConfig(
+        config_name=name,
+        checkpoint_dir=checkpoint_dir(),
+        overrides=overrides,
+        tokenizer_path=_MODEL.tokenizer_path.value,
+        max_text_tokens=max_text,
+        default_prompt=_PROMPT.value,
+        num_steps=_MODEL.num_steps.value,
+        params_dtype=_MODEL.params_dtype_value(),
+        runtime=runtime_config,
+        max_text_tasks=_MAX_TEXT_TASKS.value,
+        rtc=_RTC.value,
+        limits=limits,
+        metrics=_METRICS.value,
+        record_dir=_RECORD_DIR.value if _RECORD.value else None,
+    )
+
+
+def main(_):
+    server = server_config()
+    if _RAY.value:
+        _serve_on_ray(server)
+        return
+    backend = server.build_backend()
+    logging.info("serving metadata: %s", backend.metadata)
+    # Compiles while the server already answers /healthz (and /readyz 503); a first request waits for it.
+    threading.Thread(target=backend.warmup, name="warmup", daemon=True).start()
+    websocket_server.serve(backend, _HOST.value, _PORT.value, limits=server.limits)
+    if server.runtime is not None:
         backend.close()  # the runtime answers what it holds, then stops
 
 
@@ -221,6 +257,27 @@ def parse_flags(argv: list[str]) -> list[str]:
     if note:
         print(note, file=sys.stderr)
     return cli.parse_flags(argv)
+
+
+def _serve_on_ray(server: ServerConfig) -> None:
+    try:
+        from oxygen_jax.serving import ray_app
+    except ImportError as error:
+        cli.fail(f"--ray needs the ray extra ({errors.install_hint('ray')}): {error}")
+    try:
+        fleet = ray_app.FleetConfig(
+            replicas=_REPLICAS.value,
+            min_replicas=_MIN_REPLICAS.value,
+            max_replicas=_MAX_REPLICAS.value,
+            target_ongoing_requests=_TARGET_ONGOING.value,
+            replica_cpus=_REPLICA_CPUS.value,
+            ray_address=_RAY_ADDRESS.value,
+            host=_HOST.value,
+            port=_PORT.value,
+        )
+    except ValueError as error:
+        cli.fail(str(error))
+    ray_app.serve_fleet(server, fleet)
 
 
 def run() -> None:

@@ -1,0 +1,153 @@
+"""The server's operations endpoints: /readyz after warm-up, Prometheus /metrics whose counters equal what
+the clients sent and got."""
+
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import websockets.sync.client
+from conftest import (
+    MAX_TEXT_TOKENS,
+    client_observation,
+    make_policy,
+    raw_observation,
+    serve_script,
+    text_budget,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from oxygen_jax.runtime.runtime import RuntimeConfig
+from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
+from oxygen_jax.serving.session import MultiRobotSession
+from oxygen_jax.serving.websocket_server import BackgroundServer
+
+client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+
+pytestmark = [
+    pytest.mark.timeout(180),
+    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+]
+
+CLIENTS = 2
+REQUESTS = 6
+SLOTS = 4
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
+
+
+def session_backend(policy) -> SessionServerBackend:
+    config = RuntimeConfig(
+        max_slots=SLOTS, max_new_tokens=MAX_TEXT_TOKENS, max_prefill_batch=2, gather_s=0.005
+    )
+    return SessionServerBackend(MultiRobotSession(policy, config, rtc=False), )
+
+
+def get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def scrape(port: int) -> dict[tuple[str, frozenset], float]:
+    """/metrics parsed by prometheus_client's parser: (sample name, labels) -> value."""
+    status, text = get(port, "/metrics")
+    assert status == 200, text
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(metrics: dict, name: str, **labels: str) -> float:
+    return metrics[(name, frozenset(labels.items()))]
+
+
+def test_readyz_answers_503_until_warm_up_compiled_every_program_then_200(policy):
+    backend = session_backend(policy)
+    with BackgroundServer(backend) as server:
+        assert get(server.port, "/healthz")[0] == 200
+        assert get(server.port, "/readyz")[0] == 503
+        assert value(scrape(server.port), "oxygen_ready") == 0
+        backend.warmup()
+        assert get(server.port, "/readyz") == (200, "ready\n")
+        assert value(scrape(server.port), "oxygen_ready") == 1
+    backend.close()
+
+
+def test_metrics_count_every_request_batch_token_and_error_and_no_compilation_after_warm_up(policy):
+    backend = session_backend(policy)
+    backend.warmup(raw_observation())
+    manager = backend._session.runtime.manager
+    with BackgroundServer(backend) as server:
+        connections = [
+            client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port) for _ in range(CLIENTS)
+        ]
+
+        def robot(client: int) -> list[dict]:
+            obs = client_observation(client) | {"max_text_tokens": text_budget(client)}
+            return [connections[client].infer(obs) for _ in range(REQUESTS)]
+
+        with ThreadPoolExecutor(CLIENTS) as pool:
+            replies = list(pool.map(robot, range(CLIENTS)))
+        with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as bad:
+            bad.recv()  # metadata
+            bad.send("not msgpack")
+            assert bad.recv(timeout=10).startswith("Bad request")
+        deadline = time.monotonic() + 30
+        while (manager.active or manager.queued) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the robots stay connected until their language requests finish
+        metrics = scrape(server.port)
+    backend.close()
+
+    sent = CLIENTS * REQUESTS
+    started = [sum(reply["text_request_started"] is not None for reply in robot) for robot in replies]
+    assert value(metrics, "oxygen_requests_total", robot="libero") == sent + 1
+    assert value(metrics, "oxygen_action_latency_seconds_count", robot="libero") == sent
+    assert value(metrics, "oxygen_errors_total", kind="bad_request") == 1
+    assert value(metrics, "oxygen_queue_wait_seconds_count") == sent
+    assert value(metrics, "oxygen_prefill_batch_size_sum") == sent
+    batches = value(metrics, "oxygen_prefill_denoise_seconds_count")
+    assert sent / 2 <= batches <= sent  # at most two observations per batch
+    assert value(metrics, "oxygen_prefill_batch_size_count") == batches
+    # The tiny model's greedy text never ends early: each request makes its whole budget.
+    assert value(metrics, "oxygen_text_requests_finished_total", reason="length") == sum(started)
+    tokens = sum(n * text_budget(client) for client, n in enumerate(started))
+    assert value(metrics, "oxygen_text_tokens_total") == tokens
+    assert value(metrics, "oxygen_decode_steps_total") > 0
+    assert value(metrics, "oxygen_compilations_after_warmup_total") == 0
+    assert value(metrics, "oxygen_connected_robots") == CLIENTS
+    assert value(metrics, "oxygen_slots_max") == SLOTS
+    assert value(metrics, "oxygen_slots_in_use") == 0
+    assert value(metrics, "oxygen_observations_waiting") == 0
+    assert 0 < value(metrics, "oxygen_device_busy_fraction") <= 1
+
+
+def test_the_inline_backend_is_ready_after_warm_up_and_metrics_off_answers_404(policy):
+    backend = PolicyServerBackend(policy)
+    silent = PolicyServerBackend(policy, metrics=False)
+    assert not backend.ready
+    backend.warmup()
+    assert backend.ready
+    with BackgroundServer(backend) as server, BackgroundServer(silent) as quiet:
+        client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port).infer(raw_observation())
+        assert value(scrape(server.port), "oxygen_action_latency_seconds_count", robot="libero") == 1
+        assert get(quiet.port, "/metrics")[0] == 404
+
+
+@pytest.mark.integration
+def test_serve_script_turns_ready_after_its_start_up_warm_up_and_metrics_off_with_the_flag(tmp_path):
+    with serve_script(tmp_path) as (_, port), serve_script(tmp_path, "--metrics=false") as (_, quiet):
+        deadline = time.monotonic() + 120
+        while get(port, "/readyz")[0] != 200:
+            assert time.monotonic() < deadline, "serve.py never became ready"
+            time.sleep(0.2)
+        assert value(scrape(port), "oxygen_compilations_after_warmup_total") == 0
+        assert get(quiet, "/metrics")[0] == 404
