@@ -202,7 +202,7 @@ class BlockingPrepareSession:
     """A session whose preparation of the robot sending `slow` waits until another robot's request was
     answered (at most 10 s): behind one shared prepare thread it would wait in vain."""
 
-    metadata = None
+    metadata: dict = {}  # noqa: RUF012 (read only)
 
     def __init__(self) -> None:
         self.other_answered = threading.Event()
@@ -221,7 +221,7 @@ class BlockingPrepareSession:
 
 def test_a_slow_preparation_does_not_hold_up_another_robots_request():
     session = BlockingPrepareSession()
-    backend = SessionServerBackend(session)
+    backend = SessionServerBackend(session, metrics=False)
 
     async def both() -> None:
         slow = asyncio.create_task(backend.infer_async({"state": STATE, "slow": True}))

@@ -59,8 +59,12 @@ def _delay_steps() -> int:
     return _DELAY.value
 
 
-def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
-    """The executor loop under simulated latency (--execution)."""
+def _check_execution_flags() -> None:
+    """The --execution flags' combinations, checked before anything loads."""
+    if _EXECUTION.value is None:
+        if any(f.value is not None for f in (_DELAY, _LATENCY, _HORIZON)):
+            cli.fail("--delay_steps, --latency_ms and --execution_horizon need --execution")
+        return
     if _POLICY.kind.value != "local":
         cli.fail("--execution runs the policy in-process on the simulated clock: use --policy=local")
     if _EXECUTION.value == "rtc" and _ROBOT.value == "aloha":
@@ -68,6 +72,10 @@ def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
             "--execution=rtc guides toward the previous chunk in model space, where --robot=aloha's joint "
             "actions are deltas from the state they were planned at; use --robot=aloha_sim (absolute joints)"
         )
+
+
+def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
+    """The executor loop under simulated latency (--execution)."""
     delay = _delay_steps()
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     horizon = policy.engine.config.action_horizon
@@ -108,11 +116,10 @@ def main(_):
     )
     out_dir = pathlib.Path(_OUT.value)
     aloha_sim.check_simulator()
+    _check_execution_flags()
     _POLICY.preflight(_OUT.value)
     if _EXECUTION.value is not None:
         return _run_executor(settings, out_dir)
-    if any(f.value is not None for f in (_DELAY, _LATENCY, _HORIZON)):
-        cli.fail("--delay_steps, --latency_ms and --execution_horizon need --execution")
     recorder = recording.recorder_for(_POLICY.record_dir.value, aloha_sim.CONTROL_HZ, "aloha")
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     results = aloha_sim.evaluate(policy, settings, out_dir, _POLICY.description(), recorder)
