@@ -49,9 +49,11 @@ class StampServer:
         arrival = self.chunks.arrive()
         guidance, start = self.chunks.guidance(obs.get(protocol.RTC), H)
         if guidance is not None:
-            self.guided.append((obs["n"], guidance))
+            # The stamps are the model's chunk and the robot's actions alike: both are aligned the same way.
+            np.testing.assert_array_equal(guidance.executed, guidance.planned.prev_chunk)
+            self.guided.append((obs["n"], guidance.planned))
         chunk = np.repeat(obs["n"] + np.arange(H, dtype=np.float32)[:, None], 2, axis=1)
-        return {"actions": chunk, protocol.START: start, **self.chunks.answered(arrival, chunk, 0.0)}
+        return {"actions": chunk, protocol.START: start, **self.chunks.answered(arrival, chunk, chunk, 0.0)}
 
 
 @pytest.mark.parametrize("delay", range(H // 2 + 1))

@@ -29,6 +29,7 @@ from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
 from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
+from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.request_options import integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
@@ -123,7 +124,8 @@ class RequestOptions:
     prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
     temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
     language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix;
-    guidance: real-time chunking towards the robot's previous chunk (model space, see `policies.rtc`).
+    guidance: real-time chunking towards the robot's previous chunk: in model space as given, or as the
+    robot executes it (`ExecutedChunkGuidance`, expressed in this request's model space; `policies.rtc`).
     """
 
     noise: np.ndarray | None = None
@@ -132,7 +134,7 @@ class RequestOptions:
     temperature: float | None = None
     top_p: float | None = None
     text_tasks: Any = None
-    guidance: ChunkGuidance | None = None
+    guidance: ChunkGuidance | ExecutedChunkGuidance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -245,7 +247,13 @@ class Policy:
             limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
             raise InvalidRequest(f"text_tasks: {limit}")
         # Every check on sizes above and in `RobotIO` runs before anything is tokenized.
-        arrays = {key: np.asarray(value)[None] for key, value in self.model_inputs(obs).items()}
+        guidance = options.guidance
+        if isinstance(guidance, ExecutedChunkGuidance):
+            unbatched, executed = self.io.inputs_and_actions(obs, guidance.executed)
+            guidance = guidance.in_model_space(executed)
+        else:
+            unbatched = self.model_inputs(obs)
+        arrays = {key: np.asarray(value)[None] for key, value in unbatched.items()}
         noise = None if options.noise is None else self.action_noise(options.noise)
         with self._rng_lock:
             noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
@@ -269,7 +277,7 @@ class Policy:
                 texts = ()  # no text for this request (max_text_tokens=0 or prompt_for_text=False)
         elif budget:
             texts = (TextPlan(None, (), budget, temperature, top_p, text_seed),)
-        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], options.guidance)
+        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], guidance)
 
     def finish(
         self,

@@ -81,10 +81,23 @@ class RobotIO:
 
     def inputs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One raw observation -> the canonical unbatched model inputs (see the module docstring)."""
+        return self.inputs_and_actions(obs, None)[0]
+
+    def inputs_and_actions(
+        self, obs: Mapping[str, Any], actions: np.ndarray | None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """`inputs(obs)` and, in the same pass, `actions` (robot action space [H, robot dims], e.g. a chunk
+        this robot executes) in this observation's model space [H, action_dim]: the input direction of the
+        action transforms, as training makes its targets (delta robots: relative to this observation's
+        state; normalized; zero padded). None without `actions`."""
         if not isinstance(obs, Mapping):
             raise InvalidRequest(f"observation must be a map, got {type(obs).__name__}")
-        data = self.pipeline.inputs(self._checked_raw(obs))
-        return self._canonical(traverse_util.flatten_dict(data, sep="/"))
+        raw = self._checked_raw(obs)
+        if actions is not None:
+            raw["actions"] = np.asarray(actions)
+        data = self.pipeline.inputs(raw)
+        model_actions = None if actions is None else np.asarray(data["actions"], np.float32)
+        return self._canonical(traverse_util.flatten_dict(data, sep="/")), model_actions
 
     def outputs(self, state: np.ndarray, actions: np.ndarray) -> dict[str, Any]:
         """Model actions [H, action_dim] -> the robot's outputs (unnormalized, robot action space)."""

@@ -1,11 +1,13 @@
 """Real-time chunking: the server side of the `rtc` protocol, one robot at a time.
 
-`RobotChunks` is one robot's state (its last chunk in model space, chunk ids, stale marking, the delay
-estimate); `RtcPolicy` serves one robot on a local `Policy` with it, and the multi-robot session
-(`serving/session.py`) keeps one per robot connection. An observation carrying
-`rtc: {"executed": i, "delay": d, "horizon": s}` (see `oxygen_jax.client.protocol`) is answered with a
-chunk guided towards that last chunk shifted by the i actions already executed (`align`); without `rtc`
-the reply is the policy's plain one. Every reply adds `chunk_id`, `start` (d, or 0) and `stale` (a newer
+`RobotChunks` is one robot's state (its last chunk as the model computed it and as the robot executes
+it, chunk ids, stale marking, the delay estimate); `RtcPolicy` serves one robot on a local `Policy` with
+it, and the multi-robot session (`serving/session.py`) keeps one per robot connection. An observation
+carrying `rtc: {"executed": i, "delay": d, "horizon": s}` (see `oxygen_jax.client.protocol`) is answered
+with a chunk guided towards that last chunk shifted by the i actions already executed (`align`), as the
+robot executes it, expressed in the new request's model space (`ExecutedChunkGuidance`; what
+delta-action robots need, whose model chunks are relative to the state they were planned from); without
+`rtc` the reply is the policy's plain one. Every reply adds `chunk_id`, `start` (d, or 0) and `stale` (a newer
 request of this robot arrived while it was computed). Bad `rtc` values are refused with a one-line error
 and leave the robot's state as it was.
 """
@@ -22,6 +24,7 @@ import numpy as np
 from oxygen_jax.client import protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
+from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.policy import Policy, RequestOptions
 
 
@@ -86,10 +89,11 @@ class RobotChunks:
     """One robot's real-time-chunking state, shared by every server path (thread-safe).
 
     It numbers the robot's requests as they arrive (a reply computed after a newer request arrived is
-    stale), keeps the last chunk sent in model space with its `chunk_id`, the robot's `control_hz` once
-    stated and the server's last measured latency, which together estimate `delay` when a request leaves
-    it out. A stale reply does not become the last chunk: the robot ignores it and keeps executing the one
-    before. A refused `rtc` leaves the state as it was.
+    stale), keeps the last chunk sent (in model space and as the robot executes it, the reply's
+    `actions`) with its `chunk_id`, the robot's `control_hz` once stated and the server's last measured
+    latency, which together estimate `delay` when a request leaves it out. A stale reply does not become
+    the last chunk: the robot ignores it and keeps executing the one before. A refused `rtc` leaves the
+    state as it was.
     """
 
     def __init__(self, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
@@ -99,6 +103,7 @@ class RobotChunks:
         self._arrivals = itertools.count()
         self.latest = -1  # the newest arrival
         self._chunk: np.ndarray | None = None  # model space [H, action_dim]
+        self._executed: np.ndarray | None = None  # robot action space [H, robot dims]
         self._chunk_id: int | None = None
         self._next_chunk_id = 0
         self._control_hz: float | None = None
@@ -110,7 +115,7 @@ class RobotChunks:
             self.latest = next(self._arrivals)
             return self.latest
 
-    def guidance(self, rtc: Any, horizon: int) -> tuple[ChunkGuidance | None, int]:
+    def guidance(self, rtc: Any, horizon: int) -> tuple[ExecutedChunkGuidance | None, int]:
         """(the guidance of a request with this `rtc` entry, the index its reply starts at); (None, 0)
         without `rtc`. RtcError (one line) for values it cannot use."""
         if rtc is None:
@@ -128,13 +133,18 @@ class RobotChunks:
                 estimate = math.ceil(self._latency_s * control_hz)
             request = parse_request(rtc, horizon, self._chunk_id, estimate)
             prev = align(self._chunk, request.executed)
+            executed = align(self._executed, request.executed)
             self._control_hz = control_hz
         weight = self.max_guidance_weight
-        return ChunkGuidance(prev, request.delay, request.horizon, self.schedule, weight), request.delay
+        planned = ChunkGuidance(prev, request.delay, request.horizon, self.schedule, weight)
+        return ExecutedChunkGuidance(planned, executed), request.delay
 
-    def answered(self, arrival: int, chunk: np.ndarray, latency_s: float) -> dict[str, Any]:
-        """Records the reply to request `arrival` (its model-space chunk [H, A] and how long the server
-        took); returns its `chunk_id` and `stale` fields."""
+    def answered(
+        self, arrival: int, chunk: np.ndarray, actions: np.ndarray, latency_s: float
+    ) -> dict[str, Any]:
+        """Records the reply to request `arrival` (its model-space chunk [H, A], its `actions` as the robot
+        executes them [H, robot dims], and how long the server took); returns its `chunk_id` and `stale`
+        fields."""
         with self._lock:
             chunk_id = self._next_chunk_id
             self._next_chunk_id += 1
@@ -142,6 +152,7 @@ class RobotChunks:
             stale = arrival < self.latest
             if not stale:
                 self._chunk, self._chunk_id = np.asarray(chunk, np.float32), chunk_id
+                self._executed = np.array(actions)
         return {protocol.CHUNK_ID: chunk_id, protocol.STALE: stale}
 
 
@@ -166,10 +177,11 @@ class RtcPolicy:
             guidance, start = self.chunks.guidance(rtc, self._policy.engine.config.action_horizon)
             prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance))
             chunk, text, timing = self._policy.execute(prepared)
+            reply = self._policy.finish(prepared, chunk, text)
             return {
-                **self._policy.finish(prepared, chunk, text),
+                **reply,
                 "policy_timing": timing,
-                **self.chunks.answered(arrival, chunk, timing["infer_ms"] / 1000),
+                **self.chunks.answered(arrival, chunk, reply["actions"], timing["infer_ms"] / 1000),
                 protocol.START: start,
             }
 

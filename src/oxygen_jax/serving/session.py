@@ -20,13 +20,14 @@ decoding after its instruction appended to the observation's prefix (one extensi
 replies carry `texts` and `texts_tokens` (task name -> text so far), `text_done` (every task finished)
 and `text_request_ids` (task name -> request id).
 
-Real-time chunking (`rtc` protocol, `policies/rtc.py`): each robot keeps its last chunk in model space
-(`RobotChunks`); a request with an `rtc` entry is guided towards that chunk aligned by the actions the
-robot executed, in the same batch as everyone else's (the batch runs the guided program once, other rows
-plain). Every reply carries `chunk_id`, `start` (the new chunk's index the robot switches at; 0 without
-`rtc`) and `stale` (a newer request of the robot arrived before it was answered). A bad `rtc` is that
-request's `InvalidRequest`. An `rtc` without `delay` gets the robot's last latency (receipt to reply)
-in control steps of its stated `control_hz`.
+Real-time chunking (`rtc` protocol, `policies/rtc.py`): each robot keeps its last chunk (`RobotChunks`);
+a request with an `rtc` entry is guided towards that chunk aligned by the actions the robot executed, as
+the robot executes it expressed in the request's model space (`Policy.prepare`), in the same batch as
+everyone else's (the batch runs the guided program once, other rows plain). Every reply carries
+`chunk_id`, `start` (the new chunk's index the robot switches at; 0 without `rtc`) and `stale` (a newer
+request of the robot arrived before it was answered). A bad `rtc` is that request's `InvalidRequest`. An
+`rtc` without `delay` gets the robot's last latency (receipt to reply) in control steps of its stated
+`control_hz`.
 
 `subscribe` pushes a `TextEvent` for every chunk of new tokens and every finished request, from the
 output thread. Actions equal `Policy.infer`'s with the same noise. The first request compiles every shape
@@ -300,7 +301,8 @@ class MultiRobotSession:
         def on_actions(reply: ActionReply) -> None:
             result = self._reply(request.client, robot, index, prepared, group, reply)
             if not isinstance(result, Exception):
-                result.update(chunks.answered(arrival, reply.actions, time.perf_counter() - received))
+                latency_s = time.perf_counter() - received
+                result.update(chunks.answered(arrival, reply.actions, result["actions"], latency_s))
                 result[protocol.START] = start
             answer(result)
 

@@ -67,11 +67,6 @@ def _check_execution_flags() -> None:
         return
     if _POLICY.kind.value != "local":
         cli.fail("--execution runs the policy in-process on the simulated clock: use --policy=local")
-    if _EXECUTION.value == "rtc" and _ROBOT.value == "aloha":
-        cli.fail(
-            "--execution=rtc guides toward the previous chunk in model space, where --robot=aloha's joint "
-            "actions are deltas from the state they were planned at; use --robot=aloha_sim (absolute joints)"
-        )
 
 
 def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
