@@ -36,6 +36,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from oxygen_jax.models import block_softmax
+
 # Fill value openpi (and the Gemma reference) uses for masked attention logits.
 MASKED_LOGIT = -2.3819763e38
 _RMS_EPS = 1e-6
@@ -279,22 +281,18 @@ class Attention(nn.Module):
         groups = cfg.num_heads // cfg.num_kv_heads
         q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim).transpose(0, 2, 3, 1, 4)
         q = q.reshape(batch, cfg.num_kv_heads, groups * length, cfg.head_dim)
-        logits = jnp.concatenate(
-            [
-                jnp.einsum("BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
-                for k, _ in blocks
-            ],
-            axis=-1,
-        )
-        logits = logits.reshape(batch, cfg.num_kv_heads, groups, length, -1)
-        logits = jnp.where(mask[:, None, None, :, :], logits, MASKED_LOGIT)
-        probs = jax.nn.softmax(logits, axis=-1).astype(dtype)
-        probs = probs.reshape(batch, cfg.num_kv_heads, groups * length, -1)
-        encoded, start = 0, 0
-        for _, v in blocks:
-            block_probs = probs[..., start : start + v.shape[1]]
-            encoded = encoded + jnp.einsum("BKMS,BKSH->BKMH", block_probs, v.transpose(0, 2, 1, 3))
-            start += v.shape[1]
+        # One logit block per key block, never concatenated: under a vjp (guided denoising) a concatenation
+        # turns into slices of the gradient and slices into pads.
+        logits, start = [], 0
+        for k, _ in blocks:
+            block = jnp.einsum(
+                "BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32
+            )
+            block_mask = mask[:, None, None, :, start : start + k.shape[1]]
+            shape = (batch, cfg.num_kv_heads, groups, length, -1)
+            logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
+            start += k.shape[1]
+        encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for _, v in blocks])
         encoded = encoded.reshape(batch, cfg.num_kv_heads, groups, length, cfg.head_dim).transpose(
             0, 3, 1, 2, 4
         )
