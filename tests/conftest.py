@@ -11,11 +11,15 @@ import subprocess
 import sys
 import time
 import types
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+import websockets.sync.client
+from prometheus_client.parser import text_string_to_metric_families
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.client import SimClock
@@ -122,6 +126,13 @@ def make_policy(tag: str, params_dtype: str = "bfloat16", max_text_tokens: int =
     )
 
 
+@pytest.fixture(scope="module")
+def policy():
+    """The golden policy with a text budget, one per test module (so compile and engine counts are the
+    module's own); a module that serves another policy defines its own `policy`."""
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
+
+
 def raw_observation() -> dict:
     """The golden raw LIBERO observation, unbatched, as a robot sends it."""
     return {key.removeprefix("in/"): E2E[key] for key in E2E if key.startswith("in/observation/")} | {
@@ -161,13 +172,47 @@ def answers_alone(policy, noises: np.ndarray, clients: int) -> tuple[dict, dict]
     return actions, texts
 
 
+# openpi-client's own use of websockets (it connects without a context manager); not ours to fix.
+OPENPI_CLIENT_WARNING = pytest.mark.filterwarnings(
+    "ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"
+)
+
+
+def openpi_client(port: int, **options: Any) -> Any:
+    """An unmodified openpi robot client connected to the server on `port` (loopback); it receives the
+    server's metadata on connecting."""
+    client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+    return client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port, **options)
+
+
+def websocket(port: int, path: str = "", **options: Any) -> websockets.sync.client.ClientConnection:
+    """A raw websocket to the server on `port` (loopback), uncompressed as openpi's client connects; for
+    the messages a robot client would never send and for the `/text` stream."""
+    return websockets.sync.client.connect(f"ws://127.0.0.1:{port}{path}", compression=None, **options)
+
+
+def http_get(port: int, path: str, timeout_s: float = 10) -> tuple[int, str]:
+    """(status, body) of a GET on the server on `port` (loopback), error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def metric_samples(port: int, timeout_s: float = 10) -> list:
+    """Every sample of the server's /metrics, parsed by prometheus_client's own parser."""
+    status, text = http_get(port, "/metrics", timeout_s)
+    assert status == 200, text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def run_client(
     client: int, port: int, noises: np.ndarray, requests: int, **options
 ) -> list[tuple[int, dict]]:
     """One openpi client's requests, each with the next noise (so requests in flight together carry
     different noises); its replies with the noise index each used."""
-    client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
-    connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    connection = openpi_client(port)
     replies = []
     for request in range(requests):
         which = (client + request) % len(noises)
