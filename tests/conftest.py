@@ -280,6 +280,15 @@ def project_copy(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
+def run_script(name: str, *args: str, timeout_s: float = 300, **options: Any) -> subprocess.CompletedProcess:
+    """`scripts/<name>.py` with `args` in a subprocess started in the repository root, its output captured
+    as text; `options` go to `subprocess.run`."""
+    command = [sys.executable, str(SCRIPTS / f"{name}.py"), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT, **options
+    )
+
+
 def infer_script(*args: str) -> subprocess.CompletedProcess:
     """`scripts/infer.py` on the golden tiny checkpoint with its params as stored (float32, as upstream
     made the golden outputs)."""
@@ -306,6 +315,21 @@ class FakePending:
     def result(self) -> dict:
         assert self.done(), "the executor must not wait for a reply"
         return self.reply
+
+
+class StandInPolicy:
+    """An evaluation loop's policy without a model: remembers every request and answers call n with
+    `chunk(n)` and the text "call n", so replans show in the actions and the texts."""
+
+    def __init__(self, chunk: Callable[[int], np.ndarray]) -> None:
+        self.metadata = {"action_horizon": 10}
+        self.requests: list[dict] = []
+        self._chunk = chunk
+
+    def infer(self, obs: dict) -> dict:
+        self.requests.append(obs)
+        calls = len(self.requests)
+        return {"actions": self._chunk(calls), "text": f"call {calls}"}
 
 
 class GoldenRobot:
