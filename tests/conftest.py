@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import websockets.sync.client
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.client import SimClock
@@ -126,13 +127,6 @@ def make_policy(tag: str, params_dtype: str = "bfloat16", max_text_tokens: int =
     )
 
 
-@pytest.fixture(scope="module")
-def policy():
-    """The golden policy with a text budget, one per test module (so compile and engine counts are the
-    module's own); a module that serves another policy defines its own `policy`."""
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
-
-
 def raw_observation() -> dict:
     """The golden raw LIBERO observation, unbatched, as a robot sends it."""
     return {key.removeprefix("in/"): E2E[key] for key in E2E if key.startswith("in/observation/")} | {
@@ -143,6 +137,13 @@ def raw_observation() -> dict:
 # Robots served at once: each client's own prompt and text budget, so a reply given to the wrong one shows.
 MAX_TEXT_TOKENS = 5
 PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    """The golden policy with a text budget, one per test module (so compile and engine counts are the
+    module's own); a module that serves another policy defines its own `policy`."""
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
 
 
 def text_budget(client: int) -> int:
@@ -200,7 +201,7 @@ def http_get(port: int, path: str, timeout_s: float = 10) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def metric_samples(port: int, timeout_s: float = 10) -> list:
+def metric_samples(port: int, timeout_s: float = 10) -> list[Sample]:
     """Every sample of the server's /metrics, parsed by prometheus_client's own parser."""
     status, text = http_get(port, "/metrics", timeout_s)
     assert status == 200, text
