@@ -11,11 +11,16 @@ import subprocess
 import sys
 import time
 import types
+import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+import websockets.sync.client
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.client import SimClock
@@ -134,6 +139,13 @@ MAX_TEXT_TOKENS = 5
 PROMPTS = ("pick up the black bowl", "open the top drawer", "put the cup on the plate", "close the drawer")
 
 
+@pytest.fixture(scope="module")
+def policy():
+    """The golden policy with a text budget, one per test module (so compile and engine counts are the
+    module's own); a module that serves another policy defines its own `policy`."""
+    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
+
+
 def text_budget(client: int) -> int:
     """Each client asks for its own text length, so text given to the wrong client shows (the tiny
     model's greedy text repeats one token and never stops early: its length is the budget)."""
@@ -161,13 +173,47 @@ def answers_alone(policy, noises: np.ndarray, clients: int) -> tuple[dict, dict]
     return actions, texts
 
 
+# openpi-client's own use of websockets (it connects without a context manager); not ours to fix.
+OPENPI_CLIENT_WARNING = pytest.mark.filterwarnings(
+    "ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"
+)
+
+
+def openpi_client(port: int, **options: Any) -> Any:
+    """An unmodified openpi robot client connected to the server on `port` (loopback); it receives the
+    server's metadata on connecting."""
+    client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+    return client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port, **options)
+
+
+def websocket(port: int, path: str = "", **options: Any) -> websockets.sync.client.ClientConnection:
+    """A raw websocket to the server on `port` (loopback), uncompressed as openpi's client connects; for
+    the messages a robot client would never send and for the `/text` stream."""
+    return websockets.sync.client.connect(f"ws://127.0.0.1:{port}{path}", compression=None, **options)
+
+
+def http_get(port: int, path: str, timeout_s: float = 10) -> tuple[int, str]:
+    """(status, body) of a GET on the server on `port` (loopback), error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def metric_samples(port: int, timeout_s: float = 10) -> list[Sample]:
+    """Every sample of the server's /metrics, parsed by prometheus_client's own parser."""
+    status, text = http_get(port, "/metrics", timeout_s)
+    assert status == 200, text
+    return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+
+
 def run_client(
     client: int, port: int, noises: np.ndarray, requests: int, **options
 ) -> list[tuple[int, dict]]:
     """One openpi client's requests, each with the next noise (so requests in flight together carry
     different noises); its replies with the noise index each used."""
-    client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
-    connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    connection = openpi_client(port)
     replies = []
     for request in range(requests):
         which = (client + request) % len(noises)
@@ -235,6 +281,15 @@ def project_copy(folder: pathlib.Path) -> pathlib.Path:
     return folder
 
 
+def run_script(name: str, *args: str, timeout_s: float = 300, **options: Any) -> subprocess.CompletedProcess:
+    """`scripts/<name>.py` with `args` in a subprocess started in the repository root, its output captured
+    as text; `options` go to `subprocess.run`."""
+    command = [sys.executable, str(SCRIPTS / f"{name}.py"), *args]
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout_s, check=False, cwd=ROOT, **options
+    )
+
+
 def infer_script(*args: str) -> subprocess.CompletedProcess:
     """`scripts/infer.py` on the golden tiny checkpoint with its params as stored (float32, as upstream
     made the golden outputs)."""
@@ -261,6 +316,21 @@ class FakePending:
     def result(self) -> dict:
         assert self.done(), "the executor must not wait for a reply"
         return self.reply
+
+
+class StandInPolicy:
+    """An evaluation loop's policy without a model: remembers every request and answers call n with
+    `chunk(n)` and the text "call n", so replans show in the actions and the texts."""
+
+    def __init__(self, chunk: Callable[[int], np.ndarray]) -> None:
+        self.metadata = {"action_horizon": 10}
+        self.requests: list[dict] = []
+        self._chunk = chunk
+
+    def infer(self, obs: dict) -> dict:
+        self.requests.append(obs)
+        calls = len(self.requests)
+        return {"actions": self._chunk(calls), "text": f"call {calls}"}
 
 
 class GoldenRobot:

@@ -3,27 +3,23 @@ the CLI as an openpi client of the policy server; plus the loop's pieces on a st
 
 import json
 import os
-import pathlib
 import subprocess
-import sys
 
 import imageio
 import numpy as np
 import pytest
-from conftest import CLOSED_LOOP_FIELDS
+from conftest import CLOSED_LOOP_FIELDS, OPENPI_CLIENT_WARNING, StandInPolicy, run_script
 
 from oxygen_jax.client import MODES
 from oxygen_jax.evaluation import aloha_latency, aloha_sim, chunking, rendering, requirements
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
 MAX_TEXT_TOKENS = 4
 
 pytestmark = [
     pytest.mark.timeout(240),
     # JAX warns on any fork; these forks only exec the CLI under test.
     pytest.mark.filterwarnings("ignore:os.fork\\(\\) was called:RuntimeWarning"),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
+    OPENPI_CLIENT_WARNING,
 ]
 
 
@@ -39,43 +35,20 @@ def simulator():
         pytest.skip(str(error))
 
 
-class StandInPolicy:
-    """Answers each request with a chunk whose rows count the calls, so replans show in the actions."""
-
-    def __init__(self) -> None:
-        self.metadata = {"action_horizon": 10}
-        self.requests: list[dict] = []
-
-    def infer(self, obs: dict) -> dict:
-        self.requests.append(obs)
-        return {
-            "actions": np.full((10, 14), len(self.requests), np.float32),
-            "text": f"call {len(self.requests)}",
-        }
+def counting_policy() -> StandInPolicy:
+    """A stand-in whose chunk rows count the calls, so replans show in the actions."""
+    return StandInPolicy(lambda calls: np.full((10, 14), calls, np.float32))
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "eval_aloha.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=200,
-        check=False,
-        cwd=REPO,
-    )
+    proc = run_script("eval_aloha", *args, timeout_s=200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
 
 
 def run_cli_failing(*args: str) -> str:
     """Runs the CLI expecting a one-line user error (exit 2, no traceback); returns its stderr."""
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "eval_aloha.py"), *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    proc = run_script("eval_aloha", *args, timeout_s=120)
     assert proc.returncode == 2, proc.stderr[-4000:]
     assert "Traceback" not in proc.stderr
     return proc.stderr
@@ -169,17 +142,15 @@ def test_observation_is_the_openpi_aloha_request():
     np.testing.assert_array_equal(obs["state"], np.arange(14))
 
 
-class WildPolicy(StandInPolicy):
-    """Commands NaN joint positions (what openpi's gripper transform makes of a random model's
+def wild_policy() -> StandInPolicy:
+    """A stand-in commanding NaN joint positions (what openpi's gripper transform makes of a random model's
     out-of-range gripper actions)."""
-
-    def infer(self, obs: dict) -> dict:
-        return {"actions": np.full((10, 14), np.nan, np.float32)}
+    return StandInPolicy(lambda _: np.full((10, 14), np.nan, np.float32))
 
 
 def test_diverging_physics_ends_the_episode_not_the_evaluation(simulator, tmp_path):
     settings = aloha_sim.Settings(task="AlohaInsertion-v0", episodes=2, max_steps=50, save_video=False)
-    results = aloha_sim.evaluate(WildPolicy(), settings, tmp_path, {"kind": "local"})
+    results = aloha_sim.evaluate(wild_policy(), settings, tmp_path, {"kind": "local"})
     assert len(results["episodes"]) == 2
     for episode in results["episodes"]:
         assert episode["success"] is False and episode["steps"] < 50
@@ -188,7 +159,7 @@ def test_diverging_physics_ends_the_episode_not_the_evaluation(simulator, tmp_pa
 
 
 def test_chunker_replans_every_replan_steps():
-    policy = StandInPolicy()
+    policy = counting_policy()
     chunker = chunking.ActionChunker(policy, replan_steps=3)
     actions, replans = [], []
     for step in range(7):
@@ -205,7 +176,7 @@ def test_chunker_replans_every_replan_steps():
 
 def test_chunker_refuses_replanning_past_the_horizon():
     with pytest.raises(requirements.SetupError, match="exceeds the policy's action horizon 10"):
-        chunking.ActionChunker(StandInPolicy(), replan_steps=11)
+        chunking.ActionChunker(counting_policy(), replan_steps=11)
 
 
 @pytest.fixture(scope="module", params=["aloha_sim", "aloha"])

@@ -3,17 +3,14 @@ selection, action post-processing, operator CSV) against a stand-in RobotEnv."""
 
 import csv
 import json
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import StandInPolicy, run_script
 
 from oxygen_jax.evaluation import droid, requirements
 
 imageio = pytest.importorskip("imageio", reason="videos need the droid extra: oxygen_jax[droid]")
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 pytestmark = [
     pytest.mark.timeout(180),
@@ -22,20 +19,13 @@ pytestmark = [
 ]
 
 
-class StandInPolicy:
-    """Returns a fixed [10, 8] chunk (gripper 0.7, one joint out of range) and remembers the requests."""
-
-    def __init__(self) -> None:
-        self.metadata = {"action_horizon": 10}
-        self.requests: list[dict] = []
-
-    def infer(self, obs: dict) -> dict:
-        self.requests.append(obs)
-        chunk = np.zeros((10, 8))
-        chunk[:, 0] = np.arange(10) / 10
-        chunk[:, 1] = -3.0
-        chunk[:, 7] = 0.7
-        return {"actions": chunk, "text": f"call {len(self.requests)}"}
+def fixed_chunk(_: int) -> np.ndarray:
+    """The stand-in policy's [10, 8] chunk at every call: gripper 0.7, one joint out of range."""
+    chunk = np.zeros((10, 8))
+    chunk[:, 0] = np.arange(10) / 10
+    chunk[:, 1] = -3.0
+    chunk[:, 7] = 0.7
+    return chunk
 
 
 class StandInRobotEnv:
@@ -84,21 +74,14 @@ class ScriptedOperator:
 
 @pytest.mark.integration
 def test_cli_replay_of_a_synthetic_stream(tmp_path):
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "scripts" / "eval_droid.py"),
-            "--mode=replay",
-            "--config=pi05_tiny",
-            "--synthetic_frames=10",
-            "--max_text_tokens=4",
-            f"--out={tmp_path}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=170,
-        check=False,
-        cwd=REPO,
+    proc = run_script(
+        "eval_droid",
+        "--mode=replay",
+        "--config=pi05_tiny",
+        "--synthetic_frames=10",
+        "--max_text_tokens=4",
+        f"--out={tmp_path}",
+        timeout_s=170,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "replayed 10 steps, 2 policy calls" in proc.stdout
@@ -122,7 +105,7 @@ def test_replay_of_npz_frames_sends_openpi_requests(tmp_path):
     frames_dir.mkdir()
     for i, frame in enumerate(droid.synthetic_frames(3, image_size=(90, 160))):
         np.savez(frames_dir / f"{i:04d}.npz", **frame, prompt="wipe the table")
-    policy = StandInPolicy()
+    policy = StandInPolicy(fixed_chunk)
     settings = droid.Settings(open_loop_horizon=2, control_hz=None)
     results = droid.replay(policy, droid.load_frames(frames_dir), "unused", settings, tmp_path / "out", {})
     assert len(policy.requests) == 2
@@ -143,7 +126,7 @@ def test_missing_replay_frames_is_a_setup_error(tmp_path):
 
 def test_robot_loop_scores_rollouts_into_a_csv(tmp_path):
     env = StandInRobotEnv()
-    policy = StandInPolicy()
+    policy = StandInPolicy(fixed_chunk)
     cameras = droid.Cameras(left_id="111", right_id="222", wrist_id="333", external="right")
     operator = ScriptedOperator(["pick up the cup", "open the drawer"], [1.0, 0.5])
     settings = droid.Settings(max_steps=5, open_loop_horizon=3)
@@ -191,7 +174,7 @@ def test_recorded_rollouts_are_a_lerobot_dataset_the_trainer_reads(tmp_path):
     from oxygen_jax.lerobot.writer import LeRobotWriter
     from oxygen_jax.training.data.examples import Columns, FrameSource
 
-    policy = StandInPolicy()
+    policy = StandInPolicy(fixed_chunk)
     cameras = droid.Cameras(left_id="111", right_id="222", wrist_id="333", external="left")
     operator = ScriptedOperator(["pick up the cup", "open the drawer"], [1.0, 0.0])
     settings = droid.Settings(max_steps=5, open_loop_horizon=3, save_video=False)

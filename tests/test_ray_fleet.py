@@ -4,37 +4,35 @@ behind the Ray proxy, reached by unmodified openpi clients; one cluster serves e
 
 import contextlib
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import websockets.sync.client
 from conftest import (
     GOLDEN,
     MAX_TEXT_TOKENS,
+    OPENPI_CLIENT_WARNING,
     TOKENIZER,
     VARIANTS,
     answers_alone,
     client_observation,
     free_port,
-    make_policy,
+    http_get,
+    metric_samples,
+    openpi_client,
     text_budget,
+    websocket,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
 from oxygen_jax.runtime.runtime import RuntimeConfig  # noqa: E402
 from oxygen_jax.serving import msgpack_numpy, ray_app  # noqa: E402
 from oxygen_jax.serving.server_config import ServerConfig  # noqa: E402
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 
 REPLICAS = 2
 CLIENTS = 4
@@ -67,11 +65,6 @@ def fleet():
 
 
 @pytest.fixture(scope="module")
-def policy():
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
-
-
-@pytest.fixture(scope="module")
 def noises() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((NOISES, 10, 32)).astype(np.float32)
 
@@ -92,7 +85,7 @@ class Robot:
         self._connect()
 
     def _connect(self) -> None:
-        self.connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=self.port)
+        self.connection = openpi_client(self.port)
         self.replicas.append(self.connection.get_server_metadata()["replica_id"])
 
     def infer(self, obs: dict) -> dict:
@@ -136,7 +129,7 @@ def assert_equal_to_alone(replies: list, client: int, alone: tuple[dict, dict]) 
 def text_subscriber(port: int):
     """A `/text` subscriber on the Ray port; yields the robot ids of the finished texts it received so far
     (a function)."""
-    with websockets.sync.client.connect(f"ws://127.0.0.1:{port}/text", compression=None) as subscriber:
+    with websocket(port, "/text") as subscriber:
         finished: list[str] = []
 
         def received() -> set[str]:
@@ -151,16 +144,11 @@ def text_subscriber(port: int):
         yield received
 
 
-def get(port: int, path: str) -> tuple[int, str]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as response:
-        return response.status, response.read().decode()
-
-
 def test_an_openpi_client_through_the_ray_proxy_is_served_by_a_named_replica_as_policy_infer(
     fleet, noises, alone
 ):
-    assert get(fleet, "/healthz")[0] == 200
-    assert get(fleet, "/readyz") == (200, "ready\n")
+    assert http_get(fleet, "/healthz", timeout_s=30)[0] == 200
+    assert http_get(fleet, "/readyz", timeout_s=30) == (200, "ready\n")
     robot = Robot(fleet)
     with text_subscriber(fleet) as finished_texts:
         replies = run_robot(robot, 0, noises, 2 * NOISES)
@@ -168,18 +156,14 @@ def test_an_openpi_client_through_the_ray_proxy_is_served_by_a_named_replica_as_
     assert robot.errors == 0 and robot.replicas[0]
     assert_equal_to_alone(replies, 0, alone)
     assert any(reply.get("text_done") for _, reply in replies)
-    assert "oxygen_action_latency_seconds" in get(fleet, "/metrics")[1]
+    assert "oxygen_action_latency_seconds" in http_get(fleet, "/metrics", timeout_s=30)[1]
 
 
 def replica_requests(port: int) -> dict[str, float]:
     """Requests each replica counted, scraping /metrics through the proxy until both replicas answered."""
     counted: dict[str, float] = {}
     for _ in range(60):
-        samples = [
-            sample
-            for family in text_string_to_metric_families(get(port, "/metrics")[1])
-            for sample in family.samples
-        ]
+        samples = metric_samples(port, timeout_s=30)
         (replica,) = [item.labels["replica_id"] for item in samples if item.name == "oxygen_server_info"]
         counted[replica] = sum(sample.value for sample in samples if sample.name == "oxygen_requests_total")
         if len(counted) == REPLICAS:

@@ -5,9 +5,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import websockets.sync.client
-from conftest import MAX_TEXT_TOKENS, answers_alone, make_policy, raw_observation, run_client
-from websockets.exceptions import ConnectionClosed
+from conftest import (
+    MAX_TEXT_TOKENS,
+    OPENPI_CLIENT_WARNING,
+    answers_alone,
+    raw_observation,
+    run_client,
+    websocket,
+)
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime.runtime import RuntimeConfig
@@ -17,23 +23,13 @@ from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(300),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), OPENPI_CLIENT_WARNING]
 
 N_CLIENTS = 4
 N_REQUESTS = 50
 N_NOISES = 8
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +42,7 @@ class Subscriber(threading.Thread):
 
     def __init__(self, port: int):
         super().__init__(daemon=True)
-        self.connection = websockets.sync.client.connect(f"ws://127.0.0.1:{port}/text", compression=None)
+        self.connection = websocket(port, "/text")
         self.messages: list[dict] = []
 
     def run(self) -> None:
@@ -152,6 +148,6 @@ def test_text_stream_adds_up_to_each_replys_final_text(served):
 def test_text_stream_is_refused_by_a_server_without_one(policy):
     with (
         BackgroundServer(PolicyServerBackend(policy)) as server,
-        pytest.raises(websockets.exceptions.InvalidStatus, match="404"),
+        pytest.raises(InvalidStatus, match="404"),
     ):
-        websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}/text")
+        websocket(server.port, "/text")

@@ -2,68 +2,46 @@
 the clients sent and got."""
 
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import websockets.sync.client
 from conftest import (
     MAX_TEXT_TOKENS,
+    OPENPI_CLIENT_WARNING,
     client_observation,
-    make_policy,
+    http_get,
+    metric_samples,
+    openpi_client,
     raw_observation,
     serve_script,
     text_budget,
+    websocket,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.timeout(180),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.timeout(180), OPENPI_CLIENT_WARNING]
 
 CLIENTS = 2
 REQUESTS = 6
 SLOTS = 4
 
 
-@pytest.fixture(scope="module")
-def policy():
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
-
-
 def session_backend(policy) -> SessionServerBackend:
     config = RuntimeConfig(
         max_slots=SLOTS, max_new_tokens=MAX_TEXT_TOKENS, max_prefill_batch=2, gather_s=0.005
     )
-    return SessionServerBackend(MultiRobotSession(policy, config, rtc=False), )
-
-
-def get(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode()
+    return SessionServerBackend(MultiRobotSession(policy, config, rtc=False))
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:
-    """/metrics parsed by prometheus_client's parser: (sample name, labels) -> value."""
-    status, text = get(port, "/metrics")
-    assert status == 200, text
-    return {
-        (sample.name, frozenset(sample.labels.items())): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
+    """/metrics: (sample name, labels) -> value."""
+    return {(sample.name, frozenset(sample.labels.items())): sample.value for sample in metric_samples(port)}
 
 
 def value(metrics: dict, name: str, **labels: str) -> float:
@@ -73,11 +51,11 @@ def value(metrics: dict, name: str, **labels: str) -> float:
 def test_readyz_answers_503_until_warm_up_compiled_every_program_then_200(policy):
     backend = session_backend(policy)
     with BackgroundServer(backend) as server:
-        assert get(server.port, "/healthz")[0] == 200
-        assert get(server.port, "/readyz")[0] == 503
+        assert http_get(server.port, "/healthz")[0] == 200
+        assert http_get(server.port, "/readyz")[0] == 503
         assert value(scrape(server.port), "oxygen_ready") == 0
         backend.warmup()
-        assert get(server.port, "/readyz") == (200, "ready\n")
+        assert http_get(server.port, "/readyz") == (200, "ready\n")
         assert value(scrape(server.port), "oxygen_ready") == 1
     backend.close()
 
@@ -87,9 +65,7 @@ def test_metrics_count_every_request_batch_token_and_error_and_no_compilation_af
     backend.warmup(raw_observation())
     manager = backend._session.runtime.manager
     with BackgroundServer(backend) as server:
-        connections = [
-            client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port) for _ in range(CLIENTS)
-        ]
+        connections = [openpi_client(server.port) for _ in range(CLIENTS)]
 
         def robot(client: int) -> list[dict]:
             obs = client_observation(client) | {"max_text_tokens": text_budget(client)}
@@ -97,7 +73,7 @@ def test_metrics_count_every_request_batch_token_and_error_and_no_compilation_af
 
         with ThreadPoolExecutor(CLIENTS) as pool:
             replies = list(pool.map(robot, range(CLIENTS)))
-        with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as bad:
+        with websocket(server.port) as bad:
             bad.recv()  # metadata
             bad.send("not msgpack")
             assert bad.recv(timeout=10).startswith("Bad request")
@@ -137,17 +113,17 @@ def test_the_inline_backend_is_ready_after_warm_up_and_metrics_off_answers_404(p
     backend.warmup()
     assert backend.ready
     with BackgroundServer(backend) as server, BackgroundServer(silent) as quiet:
-        client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port).infer(raw_observation())
+        openpi_client(server.port).infer(raw_observation())
         assert value(scrape(server.port), "oxygen_action_latency_seconds_count", robot="libero") == 1
-        assert get(quiet.port, "/metrics")[0] == 404
+        assert http_get(quiet.port, "/metrics")[0] == 404
 
 
 @pytest.mark.integration
 def test_serve_script_turns_ready_after_its_start_up_warm_up_and_metrics_off_with_the_flag(tmp_path):
     with serve_script(tmp_path) as (_, port), serve_script(tmp_path, "--metrics=false") as (_, quiet):
         deadline = time.monotonic() + 120
-        while get(port, "/readyz")[0] != 200:
+        while http_get(port, "/readyz")[0] != 200:
             assert time.monotonic() < deadline, "serve.py never became ready"
             time.sleep(0.2)
         assert value(scrape(port), "oxygen_compilations_after_warmup_total") == 0
-        assert get(quiet, "/metrics")[0] == 404
+        assert http_get(quiet, "/metrics")[0] == 404

@@ -4,19 +4,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-from conftest import make_policy, raw_observation
+from conftest import OPENPI_CLIENT_WARNING, make_policy, openpi_client, raw_observation
 
 from oxygen_jax.serving.policy_backend import PolicyServerBackend
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.timeout(60),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.timeout(60), OPENPI_CLIENT_WARNING]
 
 N_CLIENTS = 4
 N_REQUESTS = 50
@@ -43,7 +39,7 @@ def noises() -> np.ndarray:
 
 
 def connect(server: BackgroundServer):
-    return client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+    return openpi_client(server.port)
 
 
 def test_metadata_reaches_the_client(server, policy):

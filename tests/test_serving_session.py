@@ -8,18 +8,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
-import websockets.sync.client
 from conftest import (
     E2E,
     FORCED_DEVICES,
     MAX_TEXT_TOKENS,
+    OPENPI_CLIENT_WARNING,
     answers_alone,
     client_observation,
     make_policy,
+    openpi_client,
     raw_observation,
     run_client,
     serve_script,
     text_budget,
+    websocket,
 )
 
 from oxygen_jax.engine.compile_counter import CompileCounter
@@ -32,13 +34,9 @@ from oxygen_jax.serving.websocket_server import BackgroundServer
 from oxygen_jax.table_task import scenes as table_scenes
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.timeout(120),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.timeout(120), OPENPI_CLIENT_WARNING]
 
 N_CLIENTS = 3
 N_REQUESTS = 20
@@ -50,11 +48,6 @@ def frame_loop(max_slots: int, **config) -> RuntimeConfig:
     return RuntimeConfig(
         max_slots=max_slots, max_new_tokens=MAX_TEXT_TOKENS, loop="frame", k=1, max_prefill_batch=4, **config
     )
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +162,7 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
     session.warmup(raw_observation())
     manager = session.runtime.manager
     with BackgroundServer(SessionServerBackend(session)) as server:
-        with websockets.sync.client.connect(f"ws://127.0.0.1:{server.port}", compression=None) as leaver:
+        with websocket(server.port) as leaver:
             leaver.recv()  # Metadata.
             leaver.send(msgpack_numpy.packb(client_observation(0) | {"max_text_tokens": MAX_TEXT_TOKENS}))
             reply = msgpack_numpy.unpackb(leaver.recv(timeout=30))
@@ -179,7 +172,7 @@ def test_a_client_that_leaves_frees_its_language_slot(policy):
             time.sleep(0.01)
         assert manager.active == 0
         assert manager.status(reply["text_request_id"]) == RequestStatus.UNKNOWN and manager.tracked == 0
-        stayer = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+        stayer = openpi_client(server.port)
         assert stayer.infer(client_observation(1))["text_done"] is False
         assert manager.active == 1
     session.stop()
@@ -200,7 +193,7 @@ def golden_observation() -> dict:
 @pytest.mark.integration
 def test_serve_script_answers_like_openpi(golden_server):
     _, port = golden_server
-    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    client = openpi_client(port)
     assert client.get_server_metadata()["action_horizon"] == 10
     reply = client.infer(golden_observation())
     np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
@@ -212,12 +205,12 @@ def test_serve_script_names_a_malformed_request_while_another_client_continues(g
     results: list[np.ndarray] = []
 
     def bystander() -> None:
-        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        client = openpi_client(port)
         results.extend(client.infer(golden_observation())["actions"] for _ in range(5))
 
     thread = threading.Thread(target=bystander)
     thread.start()
-    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+    client = openpi_client(port)
     malformed = {key: value for key, value in golden_observation().items() if key != "observation/state"}
     with pytest.raises(RuntimeError, match=r"Bad request: .*observation/state"):
         client.infer(malformed)
@@ -241,7 +234,7 @@ def test_serve_script_on_the_demo_model_says_each_scenes_subtask_and_reaches_its
     scenes = table_scenes.scenes(table_scenes.HELD_OUT_SEED)
     demo = ("--config=pi05_demo",)
     with serve_script(tmp_path, "--max_text_tokens=12", golden=False, model=demo) as (_, port):
-        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        client = openpi_client(port)
         for _ in range(3):
             scene = next(scenes)
             own: dict[int, int] = {}  # request id -> observation index, of this scene's observations
@@ -269,7 +262,7 @@ def test_serve_script_exits_cleanly_on_sigterm(golden_server):
 def test_serve_script_takes_config_overrides(tmp_path_factory):
     flags = ("--config.model.discrete_state_input=False", "--config.model.action_horizon=16")
     with serve_script(tmp_path_factory.mktemp("serve"), *flags) as (process, port):
-        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        client = openpi_client(port)
         assert client.get_server_metadata()["action_horizon"] == 16
         assert client.infer(raw_observation())["actions"].shape == (16, 7)
         process.send_signal(signal.SIGTERM)
@@ -293,7 +286,7 @@ def test_serve_script_round_trip_on_a_2x2_mesh(tmp_path_factory):
 
         def robot(_: int) -> list[dict]:
             """Observations until the robot's first language request reports done (at most 50)."""
-            client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+            client = openpi_client(port)
             replies = [client.infer(golden_observation())]
             while not replies[-1].get("text_done") and len(replies) < 50:
                 time.sleep(0.05)

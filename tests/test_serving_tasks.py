@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import (
     MAX_TEXT_TOKENS,
+    OPENPI_CLIENT_WARNING,
     client_observation,
-    make_policy,
     raw_observation,
     run_client,
     text_budget,
@@ -20,13 +20,9 @@ from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(600),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 
 N_ROBOTS = 4
 N_REQUESTS = 8
@@ -35,11 +31,6 @@ TASKS = {
     "narration": {"instruction": "describe what you are doing", "max_text_tokens": 4},
     "memory": {"instruction": "where is the cup", "max_text_tokens": 2},
 }
-
-
-@pytest.fixture(scope="module")
-def policy():
-    return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
 
 
 @pytest.fixture(scope="module")

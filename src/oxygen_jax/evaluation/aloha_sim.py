@@ -106,9 +106,7 @@ def evaluate(
         target = max_task_reward(env)
         for episode in console.progress(range(settings.episodes), "episodes"):
             record = _run_episode(env, chunker, settings, prompt, episode, target, out_dir)
-            results["episodes"].append(record)
-            results["summary"] = _summary(results["episodes"])
-            records.write_json(out_dir / "results.json", results)
+            records.add_episode(results, record, _summary, out_dir)
             console.echo(
                 f"episode {episode}: success={record['success']} max_reward={record['max_reward']} "
                 f"steps={record['steps']} control {record['control_hz']:.1f} Hz"
@@ -142,10 +140,7 @@ def _run_episode(
         if settings.save_video:
             frames.append(gym_obs["pixels"]["top"])
         action, replan = chunker.act(step, lambda obs=gym_obs: observation(obs, prompt))
-        if replan is not None:
-            replans.append(replan)
-            if replan.text is not None:
-                console.echo(f"  step {step}: {replan.text!r}")
+        chunking.keep_replan(replans, replan)
         try:
             gym_obs, reward, terminated, truncated, _ = env.step(np.asarray(action, np.float64))
         except PhysicsError as error:  # a policy's wild actions end its episode, not the evaluation

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from oxygen_jax.evaluation import console
 from oxygen_jax.evaluation.policies import EvalPolicy
 from oxygen_jax.evaluation.recording import EpisodeRecorder, recorded_frame
 from oxygen_jax.evaluation.requirements import SetupError
@@ -19,6 +20,16 @@ class Replan:
     step: int
     latency_ms: float
     text: str | None
+
+
+def keep_replan(replans: list[Replan], replan: Replan | None) -> None:
+    """Adds a control step's policy call (None: the step made none) to its rollout's `replans` and shows
+    what the model said."""
+    if replan is None:
+        return
+    replans.append(replan)
+    if replan.text is not None:
+        console.echo(f"  step {replan.step}: {replan.text!r}")
 
 
 class ActionChunker:

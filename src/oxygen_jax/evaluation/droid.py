@@ -134,10 +134,7 @@ def rollout(
                 frames.append(np.asarray(observation[EXTERIOR_KEY]))
             with deferred_interrupt():
                 action, replan = chunker.act(step, lambda o=observation: request(o, prompt))
-            if replan is not None:
-                replans.append(replan)
-                if replan.text is not None:
-                    console.echo(f"  step {step}: {replan.text!r}")
+            chunking.keep_replan(replans, replan)
             command = to_robot_command(action)
             source.apply(command)
             actions.append(command)

@@ -233,9 +233,7 @@ def _run_task(
                 record["video"] = str(path.relative_to(out_dir))
             else:
                 record.pop("frames")
-            results["episodes"].append(record)
-            results["summary"] = summarize(results["episodes"])
-            records.write_json(out_dir / "results.json", results)
+            records.add_episode(results, record, summarize, out_dir)
             console.echo(
                 f"{suite_name} task {task_id} trial {trial}: success={record['success']} "
                 f"steps={record['steps']} control {record['control_hz']:.1f} Hz"
@@ -259,10 +257,7 @@ def _run_episode(
         if settings.save_video:
             frames.append(upright(env_obs["agentview_image"]))
         action, replan = chunker.act(step, lambda o=env_obs: observation(o, prompt, settings.resize))
-        if replan is not None:
-            replans.append(replan)
-            if replan.text is not None:
-                console.echo(f"  step {step}: {replan.text!r}")
+        chunking.keep_replan(replans, replan)
         env_obs, _, done, _ = env.step(np.asarray(action).tolist())
         meter.tick()
     chunker.end_episode()

@@ -2,7 +2,7 @@
 
 import json
 import pathlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,6 +34,19 @@ def latency_summary(latencies_ms: Sequence[float]) -> dict[str, float] | None:
         "p95": round(float(np.percentile(values, 95)), 2),
         "max": round(float(values.max()), 2),
     }
+
+
+def add_episode(
+    results: dict[str, Any],
+    record: dict[str, Any],
+    summarize: Callable[[list[dict]], dict],
+    out_dir: pathlib.Path,
+) -> None:
+    """Adds an episode's record and the summary of all episodes so far to `results`, and rewrites
+    `out_dir/results.json` with them."""
+    results["episodes"].append(record)
+    results["summary"] = summarize(results["episodes"])
+    write_json(out_dir / "results.json", results)
 
 
 def write_json(path: pathlib.Path, data: Mapping[str, Any]) -> None:
