@@ -27,10 +27,12 @@ def _forward(logits, values):
     peak = functools.reduce(jnp.maximum, [jnp.max(b, axis=-1, keepdims=True) for b in logits])
     exps = [jnp.exp(b - peak) for b in logits]
     total = functools.reduce(jnp.add, [jnp.sum(e, axis=-1, keepdims=True) for e in exps])
-    probs = [(e / total).astype(v.dtype) for e, v in zip(exps, values, strict=True)]
+    probs = [e / total for e in exps]
     encoded = functools.reduce(
-        jnp.add, [jnp.einsum("BKMS,BKSH->BKMH", p, v) for p, v in zip(probs, values, strict=True)]
+        jnp.add,
+        [jnp.einsum("BKMS,BKSH->BKMH", p.astype(v.dtype), v) for p, v in zip(probs, values, strict=True)],
     )
+    # float32 probabilities for the backward, as autodiff of jax.nn.softmax keeps its float32 output.
     return encoded, (probs, values, encoded)
 
 
@@ -38,13 +40,14 @@ def _backward(residuals, d_encoded):
     probs, values, encoded = residuals
     row = jnp.sum(d_encoded.astype(jnp.float32) * encoded.astype(jnp.float32), axis=-1, keepdims=True)
     d_logits = [
-        p.astype(jnp.float32)
-        * (jnp.einsum("BKMH,BKSH->BKMS", d_encoded, v, preferred_element_type=jnp.float32) - row)
+        p * (jnp.einsum("BKMH,BKSH->BKMS", d_encoded, v, preferred_element_type=jnp.float32) - row)
         for p, v in zip(probs, values, strict=True)
     ]
-    # The cache blocks' value cotangents are never used (only the noisy actions are differentiated):
-    # XLA drops them from the compiled program.
-    d_values = [jnp.einsum("BKMS,BKMH->BKSH", p, d_encoded) for p in probs]
+    # A constant block's value cotangent (the prefix cache's, in guided denoising) is unused: XLA drops it.
+    d_values = [
+        jnp.einsum("BKMS,BKMH->BKSH", p.astype(v.dtype), d_encoded)
+        for p, v in zip(probs, values, strict=True)
+    ]
     return d_logits, d_values
 
 
