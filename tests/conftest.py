@@ -146,6 +146,12 @@ def policy():
     return make_policy("dsi0", max_text_tokens=MAX_TEXT_TOKENS)
 
 
+@pytest.fixture(scope="module")
+def noise() -> np.ndarray:
+    """One action chunk's noise, [action_horizon, action_dim] of the tiny model, for a robot to send."""
+    return np.random.default_rng(1).standard_normal((10, 32)).astype(np.float32)
+
+
 def text_budget(client: int) -> int:
     """Each client asks for its own text length, so text given to the wrong client shows (the tiny
     model's greedy text repeats one token and never stops early: its length is the budget)."""

@@ -9,7 +9,15 @@ with padding, which changes float32 reductions by ulps).
 
 import numpy as np
 import pytest
-from conftest import E2E, GoldenRobot, make_policy, raw_observation, serve_script
+from conftest import (
+    E2E,
+    OPENPI_CLIENT_WARNING,
+    GoldenRobot,
+    make_policy,
+    openpi_client,
+    raw_observation,
+    serve_script,
+)
 
 from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
@@ -23,14 +31,9 @@ from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(300),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300), OPENPI_CLIENT_WARNING]
 
 NOISE = np.asarray(E2E["in/noise"], np.float32).reshape(10, 32)
 OTHER_NOISE = np.random.default_rng(5).standard_normal((10, 32)).astype(np.float32)
@@ -51,10 +54,6 @@ def server(policy):
     session.stop()
 
 
-def _connect(server) -> "client_policy.WebsocketClientPolicy":
-    return client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
-
-
 def _model_actions(policy, noise: np.ndarray, guidance: ChunkGuidance | None = None) -> np.ndarray:
     """The model-space chunk of the raw observation alone with `noise`, guided as given."""
     arrays = {k: np.asarray(v)[None] for k, v in policy.model_inputs(raw_observation()).items()}
@@ -67,14 +66,14 @@ def _robot_actions(policy, model_actions: np.ndarray) -> np.ndarray:
 
 
 def test_an_unmodified_client_gets_plain_chunks(policy, server):
-    reply = _connect(server).infer(raw_observation() | {"noise": NOISE})
+    reply = openpi_client(server.port).infer(raw_observation() | {"noise": NOISE})
     want = policy.infer(raw_observation(), noise=NOISE)["actions"]
     np.testing.assert_allclose(reply["actions"], want, rtol=0, atol=ATOL)
     assert (reply[protocol.START], reply[protocol.STALE]) == (0, False)
 
 
 def test_an_rtc_clients_reply_is_the_engines_guided_chunk_towards_its_aligned_last_chunk(policy, server):
-    connection = _connect(server)
+    connection = openpi_client(server.port)
     first = connection.infer(raw_observation() | {"noise": NOISE})
     rtc = protocol.rtc_request(executed=3, delay=2, horizon=6, chunk_id=first[protocol.CHUNK_ID])
     guided = connection.infer(raw_observation() | {"noise": OTHER_NOISE, protocol.RTC: rtc})
@@ -88,7 +87,7 @@ def test_an_rtc_clients_reply_is_the_engines_guided_chunk_towards_its_aligned_la
 
 
 def test_a_bad_rtc_is_refused_for_that_robot_only_while_another_continues(policy, server):
-    bad_robot, other_robot = _connect(server), _connect(server)
+    bad_robot, other_robot = openpi_client(server.port), openpi_client(server.port)
     bad_robot.infer(raw_observation() | {"noise": NOISE})
     other_robot.infer(raw_observation() | {"noise": NOISE})
     with pytest.raises(RuntimeError, match=r"Bad request: rtc\.delay 10 must be < the action horizon 10"):
@@ -106,7 +105,7 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
     first carries `rtc`, every reply starts where its request's delay said, chunk ids follow each other,
     and the warm server compiles nothing."""
     config = ExecutorConfig(control_hz=10.0, execution_horizon=5, mode="rtc")
-    connection = _connect(server)
+    connection = openpi_client(server.port)
     sent, replies = [], []
 
     def infer(obs: dict) -> dict:
@@ -131,7 +130,7 @@ def test_the_executor_drives_a_served_robot_in_rtc_mode(server):
 
 def test_serve_script_with_nortc_serves_plain_chunks_and_refuses_rtc(tmp_path):
     with serve_script(tmp_path, "--nortc") as (_, port):
-        connection = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
+        connection = openpi_client(port)
         assert connection.get_server_metadata()["rtc"] is False
         reply = connection.infer(raw_observation() | {"noise": NOISE})
         assert (reply[protocol.CHUNK_ID], reply[protocol.START], reply[protocol.STALE]) == (0, 0, False)

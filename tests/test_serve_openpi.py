@@ -6,7 +6,17 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import E2E, GOLDEN, SERVE, TOKENIZER, make_policy, raw_observation, serve_script
+from conftest import (
+    E2E,
+    GOLDEN,
+    OPENPI_CLIENT_WARNING,
+    SERVE,
+    TOKENIZER,
+    make_policy,
+    openpi_client,
+    raw_observation,
+    serve_script,
+)
 
 from oxygen_jax.policies import normalization
 from oxygen_jax.policies.policy import create_policy
@@ -15,14 +25,9 @@ from oxygen_jax.serving.policy_backend import PolicyServerBackend
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.timeout(180),
-    # openpi-client's own use of websockets; not ours to fix.
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180), OPENPI_CLIENT_WARNING]
 
 ALOHA_SIM_PROMPT = "Transfer cube"  # openpi's pi0_aloha_sim default_prompt
 
@@ -34,11 +39,6 @@ def aloha_observation() -> dict:
         "images": {"cam_high": rng.integers(0, 256, (3, 224, 224), dtype=np.uint8)},
         "state": rng.uniform(-0.5, 0.5, 14).astype(np.float32),
     }
-
-
-@pytest.fixture(scope="module")
-def noise() -> np.ndarray:
-    return np.random.default_rng(1).standard_normal((10, 32)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +72,7 @@ def aloha_sim_server(tmp_path_factory, aloha_checkpoint):
 @pytest.fixture(scope="module")
 def prompt_less_reply(aloha_sim_server, noise):
     _, port, _ = aloha_sim_server
-    client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-    return client.infer(aloha_observation() | {"noise": noise})
+    return openpi_client(port).infer(aloha_observation() | {"noise": noise})
 
 
 def test_aloha_sim_server_answers_a_prompt_less_observation_with_the_default_prompt(
@@ -114,7 +113,7 @@ def test_recording_a_one_request_backend_numbers_the_steps(tmp_path):
     policy = make_policy("dsi0")
     backend = recorder.recording(PolicyServerBackend(policy), tmp_path / "records")
     with BackgroundServer(backend) as server:
-        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
+        client = openpi_client(server.port)
         assert client.get_server_metadata() == policy.metadata
         replies = [client.infer(raw_observation()) for _ in range(2)]
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["step_0.npy", "step_1.npy"]
@@ -138,8 +137,7 @@ def test_default_checkpoint_is_openpis_for_the_env(tmp_path, monkeypatch):
         "--config.model.discrete_state_input=False",
     )
     with serve_script(tmp_path, *flags, golden=False) as (process, port):
-        client = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=port)
-        reply = client.infer(raw_observation() | {"noise": E2E["in/noise"]})
+        reply = openpi_client(port).infer(raw_observation() | {"noise": E2E["in/noise"]})
         np.testing.assert_allclose(reply["actions"], E2E["out/dsi0/actions"], atol=1e-4, rtol=0)
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0

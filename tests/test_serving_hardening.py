@@ -5,7 +5,6 @@ import asyncio
 import signal
 import threading
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -13,8 +12,7 @@ from typing import Any
 import msgpack
 import numpy as np
 import pytest
-import websockets.sync.client
-from conftest import raw_observation, serve_script
+from conftest import OPENPI_CLIENT_WARNING, http_get, openpi_client, raw_observation, serve_script, websocket
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.serving import msgpack_numpy
@@ -22,12 +20,10 @@ from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.request_decoding import MAX_CONTAINERS, BadRequestError, decode_request
 from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
 
-client_policy = pytest.importorskip("openpi_client.websocket_client_policy")
+# openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
+pytest.importorskip("openpi_client.websocket_client_policy")
 
-pytestmark = [
-    pytest.mark.timeout(60),
-    pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning"),
-]
+pytestmark = [pytest.mark.timeout(60), OPENPI_CLIENT_WARNING]
 STATE = np.arange(3, dtype=np.float32)
 
 
@@ -58,13 +54,9 @@ def served(limits: ServerLimits | None = None, infer_workers: int = 4) -> Backgr
     return BackgroundServer(StreamingBackend(), limits=limits, infer_workers=infer_workers)
 
 
-def ws(port: int, path: str = "/", **options: Any) -> Any:
-    return websockets.sync.client.connect(f"ws://127.0.0.1:{port}{path}", compression=None, **options)
-
-
 def robot(port: int) -> Any:
     """A raw robot connection past its metadata."""
-    connection = ws(port, max_size=None)
+    connection = websocket(port, max_size=None)
     connection.recv()
     return connection
 
@@ -73,14 +65,6 @@ def ask(connection: Any, obs: dict) -> Any:
     connection.send(msgpack_numpy.packb(obs))
     reply = connection.recv(timeout=10)
     return msgpack_numpy.unpackb(reply) if isinstance(reply, bytes) else reply
-
-
-def http_get(port: int, path: str) -> tuple[int, str, Any]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
-            return response.status, response.read().decode(), response.headers
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(), error.headers
 
 
 def closed_with(connection: Any) -> tuple[int, str]:
@@ -128,9 +112,9 @@ def test_a_huge_list_gets_a_one_line_refusal_and_the_connection_serves_on(server
 
 def test_text_subscribers_have_their_own_cap_and_never_take_a_robots_slot():
     limits = ServerLimits(max_connections=2, max_text_subscribers=2)
-    with served(limits) as running, ws(running.port, "/text"), ws(running.port, "/text"):
+    with served(limits) as running, websocket(running.port, "/text"), websocket(running.port, "/text"):
         with pytest.raises(InvalidStatus, match="503"):
-            ws(running.port, "/text")
+            websocket(running.port, "/text")
         first, second = robot(running.port), robot(running.port)
         with pytest.raises(InvalidStatus, match="503"):
             robot(running.port)
@@ -141,14 +125,14 @@ def test_text_subscribers_have_their_own_cap_and_never_take_a_robots_slot():
 
 def test_an_idle_subscriber_is_closed_but_one_that_is_sent_events_is_not():
     with served(ServerLimits(idle_timeout_s=0.4)) as running:
-        with ws(running.port, "/text") as reading:
+        with websocket(running.port, "/text") as reading:
             deadline = time.monotonic() + 1.2
             while time.monotonic() < deadline:  # three idle timeouts, an event every 0.1 s
                 running._backend.publish("tick")
                 assert msgpack_numpy.unpackb(reading.recv(timeout=5))["text"] == "tick"
                 time.sleep(0.1)
             assert closed_with(reading) == (1001, "idle for 0.4 s")  # once the events stop
-        with ws(running.port, "/text") as silent:
+        with websocket(running.port, "/text") as silent:
             assert closed_with(silent) == (1001, "idle for 0.4 s")
 
 
@@ -176,23 +160,23 @@ def test_a_message_trickled_in_fragments_is_cut_off_at_the_receive_deadline():
 
 def test_connections_from_one_address_are_capped():
     with served(ServerLimits(max_connections_per_ip=2)) as running:
-        with ws(running.port, "/text"), robot(running.port):
+        with websocket(running.port, "/text"), robot(running.port):
             for path in ("/", "/text"):
                 with pytest.raises(InvalidStatus, match="503"):
-                    ws(running.port, path)
+                    websocket(running.port, path)
         with robot(running.port):  # slots free once their connections are gone
             pass
 
 
 def test_readyz_says_ready_only_with_a_ready_backend_and_a_free_robot_slot():
     with served(ServerLimits(max_connections=1)) as running:
-        assert http_get(running.port, "/readyz")[:2] == (200, "ready\n")
+        assert http_get(running.port, "/readyz") == (200, "ready\n")
         running._backend.ready = False
-        assert http_get(running.port, "/readyz")[:2] == (503, "not ready: backend not ready\n")
+        assert http_get(running.port, "/readyz") == (503, "not ready: backend not ready\n")
         running._backend.ready = True
         with robot(running.port):
-            assert http_get(running.port, "/readyz")[:2] == (503, "not ready: robot slots full (1 of 1)\n")
-            assert http_get(running.port, "/healthz")[:2] == (200, "OK\n")
+            assert http_get(running.port, "/readyz") == (503, "not ready: robot slots full (1 of 1)\n")
+            assert http_get(running.port, "/healthz") == (200, "OK\n")
 
 
 # --- 3. request preparation: one robot's cannot delay another's ---
@@ -242,17 +226,19 @@ def test_an_api_key_is_needed_by_robots_and_text_but_not_by_health_checks():
     with served(ServerLimits(api_key="s3cret")) as running:
         for path in ("/", "/text"):
             with pytest.raises(InvalidStatus, match="401"):
-                ws(running.port, path)
+                websocket(running.port, path)
             for wrong in ({"Authorization": "Api-Key wrong"}, [("Authorization", "Api-Key s3cret")] * 2):
                 with pytest.raises(InvalidStatus, match="401"):
-                    ws(running.port, path, additional_headers=wrong)
-        keyed = client_policy.WebsocketClientPolicy(host="127.0.0.1", port=running.port, api_key="s3cret")
+                    websocket(running.port, path, additional_headers=wrong)
+        keyed = openpi_client(running.port, api_key="s3cret")
         np.testing.assert_array_equal(keyed.infer({"state": STATE})["actions"], STATE * 3)
-        with ws(running.port, "/text", additional_headers={"Authorization": "Api-Key s3cret"}):
+        with websocket(running.port, "/text", additional_headers={"Authorization": "Api-Key s3cret"}):
             pass
-        status, _, headers = http_get(running.port, "/healthz")
-        assert status == 200 and http_get(running.port, "/readyz")[0] == 200
-        assert "websockets" not in str(headers.get("Server")) and "Python" not in str(headers.get("Server"))
+        with urllib.request.urlopen(f"http://127.0.0.1:{running.port}/healthz", timeout=10) as healthz:
+            assert healthz.status == 200
+            server = str(healthz.headers.get("Server"))
+        assert http_get(running.port, "/readyz")[0] == 200
+        assert "websockets" not in server and "Python" not in server
 
 
 # --- 5. lossless drain ---

@@ -13,6 +13,8 @@ from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 pytestmark = pytest.mark.timeout(120)
 
+# The text budget: the parametrized requests before test_text_keeps_advancing_next_to_bad_requests
+# advance the healthy robot's text 12 tokens in all, so at 4 that test starts on a fresh text.
 MAX_TEXT_TOKENS = 4
 
 
@@ -55,11 +57,6 @@ def session(policy):
     session.warmup(raw_observation())
     yield session
     session.stop()
-
-
-@pytest.fixture(scope="module")
-def noise() -> np.ndarray:
-    return np.random.default_rng(1).standard_normal((10, 32)).astype(np.float32)
 
 
 @pytest.fixture(scope="module")
