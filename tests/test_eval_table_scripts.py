@@ -26,11 +26,13 @@ def test_eval_table_writes_results_json(tmp_path):
         "--rtc_schedule=linear",
         "--max_guidance_weight=2",
         "--prefix_horizon=5",
+        "--noise_dims=2",
         f"--out={tmp_path}",
     )
     assert run.returncode == 0, run.stderr[-2000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) >= CLOSED_LOOP_FIELDS
+    assert results["noise_dims"] == 2
     assert (results["execution"], results["delay_steps"], results["episodes"]) == ("rtc", 3, 3)
     assert results["action_horizon"] == 10 and results["execution_horizon"] == 6
     assert (results["rtc_schedule"], results["max_guidance_weight"], results["prefix_horizon"]) == (

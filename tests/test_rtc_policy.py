@@ -11,7 +11,7 @@ from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import RequestOptions
-from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align
+from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align, draw_noise
 
 NOISE = E2E["in/noise"]
 
@@ -37,6 +37,14 @@ def test_align_shifts_by_the_executed_actions_and_repeats_the_last():
     np.testing.assert_array_equal(align(chunk, 2)[:, 0], [2, 3, 4, 4, 4])
     np.testing.assert_array_equal(align(chunk, 0), chunk)
     np.testing.assert_array_equal(align(chunk, 5)[:, 0], [4] * 5)
+
+
+def test_closed_loop_noise_on_the_leading_dims_only_keeps_their_draw():
+    """noise_dims=2: the first two dims are the full draw's (same seed), every later dim is 0."""
+    full = draw_noise(np.random.default_rng(7), (10, 32), None)
+    kept = draw_noise(np.random.default_rng(7), (10, 32), 2)
+    np.testing.assert_array_equal(kept[:, :2], full[:, :2])
+    assert not kept[:, 2:].any() and full[:, 2:].std() > 0.5
 
 
 def test_a_client_without_rtc_gets_the_plain_reply_plus_chunk_fields(policy):

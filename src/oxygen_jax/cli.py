@@ -234,6 +234,8 @@ def renamed(new: flags.FlagHolder, old: flags.FlagHolder) -> Any:
         fail(f"give --{new.name} only (--{old.name} is its deprecated name)")
     print(f"warning: --{old.name} is deprecated here: use --{new.name}", file=sys.stderr)
     return old.value
+
+
 @dataclasses.dataclass(frozen=True)
 class ClosedLoopGuidanceFlags:
     """The closed-loop evaluations' rtc settings (`policies.rtc.GuidanceSettings`' fields, in order)."""
@@ -241,9 +243,15 @@ class ClosedLoopGuidanceFlags:
     schedule: flags.FlagHolder
     max_guidance_weight: flags.FlagHolder
     prefix_horizon: flags.FlagHolder
+    noise_dims: flags.FlagHolder
 
-    def values(self) -> tuple[str, float, int | None]:
-        return self.schedule.value, self.max_guidance_weight.value, self.prefix_horizon.value
+    def values(self) -> tuple[str, float, int | None, int | None]:
+        return (
+            self.schedule.value,
+            self.max_guidance_weight.value,
+            self.prefix_horizon.value,
+            self.noise_dims.value,
+        )
 
 
 def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
@@ -266,6 +274,15 @@ def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
                 None,
                 "rtc: the prefix horizon s the robot sends (default: every action left in its chunk).",
                 lower_bound=0,
+            )
+        ),
+        noise_dims=_shown(
+            flags.DEFINE_integer(
+                "noise_dims",
+                None,
+                "Draw the action noise on the first N model action dims only, 0 on the rest (default: "
+                "all dims, as openpi).",
+                lower_bound=1,
             )
         ),
     )

@@ -188,12 +188,15 @@ class RtcPolicy:
 
 @dataclasses.dataclass(frozen=True)
 class GuidanceSettings:
-    """The guidance of a closed-loop evaluation: the server's schedule and beta, and the prefix horizon s
-    the robot sends (None: every action left in its current chunk, the executor's default)."""
+    """The guidance of a closed-loop evaluation: the server's schedule and beta, the prefix horizon s the
+    robot sends (None: every action left in its current chunk, the executor's default), and noise_dims,
+    the leading model action dims the action noise is drawn on (None: all of them, as openpi draws it;
+    the rest are 0, `draw_noise`)."""
 
     schedule: str = "exp"
     max_guidance_weight: float = 5.0
     prefix_horizon: int | None = None
+    noise_dims: int | None = None
 
     def fields(self) -> dict[str, Any]:
         """Its results.json fields."""
@@ -201,6 +204,7 @@ class GuidanceSettings:
             "rtc_schedule": self.schedule,
             "max_guidance_weight": self.max_guidance_weight,
             "prefix_horizon": self.prefix_horizon,
+            "noise_dims": self.noise_dims,
         }
 
 
@@ -214,4 +218,17 @@ def seeded_infer(
     `rng`, one draw per request: the same seed gives every execution mode the same noise stream."""
     served = RtcPolicy(policy, schedule=guidance.schedule, max_guidance_weight=guidance.max_guidance_weight)
     shape = (policy.engine.config.action_horizon, policy.engine.config.action_dim)
-    return lambda obs: served.infer(obs, noise=rng.standard_normal(shape).astype(np.float32))
+    return lambda obs: served.infer(obs, noise=draw_noise(rng, shape, guidance.noise_dims))
+
+
+def draw_noise(rng: np.random.Generator, shape: tuple[int, int], noise_dims: int | None) -> np.ndarray:
+    """Standard normal action noise [H, action_dim], zero past the first `noise_dims` dims (None: none
+    zeroed). The draw is the same either way, so a seed gives the kept dims the same values.
+
+    Training pads a robot's actions with zeros past its own dims, but noise on those dims still reaches a
+    small model's real dims: on `pi05_detour` it smears a chunk's two modes into each other (docs/rtc.md).
+    """
+    noise = rng.standard_normal(shape).astype(np.float32)
+    if noise_dims is not None:
+        noise[:, noise_dims:] = 0.0
+    return noise

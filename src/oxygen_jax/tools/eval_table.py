@@ -7,7 +7,7 @@ robot runs `client.Executor` in the given mode on a simulated clock: while the n
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
 delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon, and
-the guidance settings rtc_schedule, max_guidance_weight, prefix_horizon).
+the guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, and noise_dims).
 
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
