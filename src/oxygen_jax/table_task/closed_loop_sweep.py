@@ -76,9 +76,10 @@ def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path) -> None:
         axis.grid(alpha=0.3)
     axes[0].legend()
     first = rows[0]
+    noise = "" if first.get("noise_dims") is None else f", noise on the first {first['noise_dims']} dims"
     figure.suptitle(
         f"detour task, closed loop: H={first['action_horizon']}, execution horizon "
-        f"{first['execution_horizon']}, {first['episodes']} episodes per point"
+        f"{first['execution_horizon']}, {first['episodes']} episodes per point{noise}"
     )
     figure.tight_layout()
     figure.savefig(path, dpi=110)
