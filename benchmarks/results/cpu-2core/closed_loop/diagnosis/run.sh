@@ -19,12 +19,16 @@ run rtc_d5_s5 --execution=rtc --delay_steps=5 --prefix_horizon=5
 # Sync at d = 0 executing H - E actions of each chunk: the oldest action it runs was planned E' = H - E - 1
 # steps before; naive and rtc at delay d run actions planned up to d + 3 steps before (E = 6).
 for e in 4 3 2 1; do run "sync_d0_e${e}" --execution=sync --delay_steps=0 --execution_horizon=$e; done
-# The three modes at d = 3 on 1000 episodes (standard error of a rate ~0.013), with the next chunk asked
-# for at 6 (the default) and at 5 actions left.
+# The three modes on 1000 episodes (standard error of a rate ~0.013): at d = 3 with the next chunk asked
+# for at 6 (the default) and at 5 actions left, and at d = 2 with the default.
 for e in 6 5; do
   for execution in sync naive rtc; do
     python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d3_e${e}_1000" \
       --execution=$execution --delay_steps=3 --execution_horizon=$e 2>/dev/null
   done
+done
+for execution in sync naive rtc; do
+  python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d2_e6_1000" \
+    --execution=$execution --delay_steps=2 2>/dev/null
 done
 python "$out/plot.py"
