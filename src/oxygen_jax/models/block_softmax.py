@@ -39,15 +39,13 @@ def _forward(logits, values):
 def _backward(residuals, d_encoded):
     probs, values, encoded = residuals
     row = jnp.sum(d_encoded.astype(jnp.float32) * encoded.astype(jnp.float32), axis=-1, keepdims=True)
-    d_logits = [
-        p * (jnp.einsum("BKMH,BKSH->BKMS", d_encoded, v, preferred_element_type=jnp.float32) - row)
-        for p, v in zip(probs, values, strict=True)
-    ]
-    # A constant block's value cotangent (the prefix cache's, in guided denoising) is unused: XLA drops it.
-    d_values = [
-        jnp.einsum("BKMS,BKMH->BKSH", p.astype(v.dtype), d_encoded)
-        for p, v in zip(probs, values, strict=True)
-    ]
+    d_logits, d_values = [], []
+    for p, v in zip(probs, values, strict=True):
+        d_probs = jnp.einsum("BKMH,BKSH->BKMS", d_encoded, v, preferred_element_type=jnp.float32)
+        d_logits.append(p * (d_probs - row))
+        # A constant block's value cotangent (the prefix cache's, in guided denoising) is unused: XLA
+        # drops it.
+        d_values.append(jnp.einsum("BKMS,BKMH->BKSH", p.astype(v.dtype), d_encoded))
     return d_logits, d_values
 
 

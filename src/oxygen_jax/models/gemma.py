@@ -283,13 +283,12 @@ class Attention(nn.Module):
         q = q.reshape(batch, cfg.num_kv_heads, groups * length, cfg.head_dim)
         # One logit block per key block, never concatenated: under a vjp (guided denoising) a concatenation
         # turns into slices of the gradient and slices into pads.
-        logits, start = [], 0
+        logits, start, shape = [], 0, (batch, cfg.num_kv_heads, groups, length, -1)
         for k, _ in blocks:
             block = jnp.einsum(
                 "BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32
             )
             block_mask = mask[:, None, None, :, start : start + k.shape[1]]
-            shape = (batch, cfg.num_kv_heads, groups, length, -1)
             logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
             start += k.shape[1]
         encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for _, v in blocks])
