@@ -123,9 +123,8 @@ class Engine:
         guidance: Sequence[api.ChunkGuidance | None] = (),
     ) -> jax.Array:
         """Plain denoising unless some row carries non-zero prefix weights; then one guided program for the
-        whole batch (rows without guidance get zero weights there, hence their plain actions to float32
-        rounding: the guided program's forward fuses differently). A batch with no guided row is the plain
-        program, bit for bit, at no extra cost."""
+        whole batch, where rows without guidance get zero weights, hence the plain program's actions bit for
+        bit. A batch with no guided row runs the plain program, at no extra cost."""
         inputs = dict(params=self.params, config=self.config, cache=cache, noise=self._place_rows(noise))
         columns = api.guidance_columns(guidance, *noise.shape)
         if not columns["weights"].any():

@@ -7,7 +7,7 @@ float32 order follow Physical-Intelligence/real-time-chunking-kinetix (`get_pref
 `FlowPolicy.realtime_action`) in openpi's time convention: t from 1 (noise) to 0 (data), tau = 1 - t,
 v = noise - actions. Every setting is per row (the prefix weights are data), so robots with different
 delays, schedules and weights share one compiled program; a row whose weights are all 0 gets the plain
-actions up to float32 rounding (bit for bit when no row of the batch is guided: the plain program runs).
+program's actions bit for bit (and a batch with no guided row runs the plain program).
 """
 
 import math
@@ -71,9 +71,8 @@ def guided_velocity(velocity, x_t: jax.Array, time: jax.Array, target: jax.Array
 
     v is the vjp's own forward: one forward and one backward per step (2x a plain step's FLOPs). Only x_t is
     differentiated; params, the prefix cache and t are closed over, so no cotangent is computed for them.
-    The forward keeps residuals for the backward, so XLA fuses it differently from the plain program and v
-    may differ from the plain velocity by float32 rounding (a row with zero weights gets the plain actions
-    to ~1e-6, not bit for bit; `Engine.denoise` runs the plain program when no row is guided).
+    That forward rounds as the plain program's does (`gemma.RMSNorm` writes its rsqrt out for this), and a
+    row with zero weights gets a correction of exactly 0, hence exactly the plain velocity.
     """
 
     def denoised(x):

@@ -111,13 +111,16 @@ class RMSNorm(nn.Module):
 
     Normalization, scale and shift are computed in float32 and cast back to the input dtype.
     Returns (normed, gate); gate is None for plain RMSNorm.
+
+    openpi writes 1 / sqrt(var + eps), which XLA rewrites to rsqrt unless the sqrt is needed elsewhere, as
+    it is under a vjp (guided denoising); rsqrt written out gives both programs the same rounding.
     """
 
     @nn.compact
     def __call__(self, x: jax.Array, cond: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
         dtype = x.dtype
         var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
-        normed = x * jnp.reciprocal(jnp.sqrt(var + _RMS_EPS))
+        normed = x * jax.lax.rsqrt(var + _RMS_EPS)
         if cond is None:
             scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
             return (normed * (1 + scale)).astype(dtype), None
