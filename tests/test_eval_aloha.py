@@ -189,9 +189,7 @@ def tiny_aloha_policy(request):
 
 
 @pytest.mark.integration  # ~45 s: the tiny model's plain and guided programs compile
-def test_executor_modes_run_aloha_and_write_the_closed_loop_fields(
-    simulator, tiny_aloha_policy, tmp_path
-):
+def test_executor_modes_run_aloha_and_write_the_closed_loop_fields(simulator, tiny_aloha_policy, tmp_path):
     """Each mode runs a few control steps of ALOHA sim through the executor on the simulated clock and writes
     eval_table's fields. With d = 1 every mode changes chunk at tick 7 while the old chunk still has an
     action for it (first chunk at tick 2, the next asked for after 4 actions), so each measures a jump; on

@@ -196,4 +196,3 @@ def table(results: dict) -> str:
                 f"{proxied['errors'] + direct['errors']} | 1 | {memory} |"
             )
     return "\n".join(lines)
-

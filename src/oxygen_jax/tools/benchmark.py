@@ -144,9 +144,7 @@ def _report(out: pathlib.Path) -> None:
 def _fleet(config_name: str) -> None:
     """The plain server and each fleet size at the same load, in subprocesses (see benchmarks/fleet.py)."""
     out = _out_dir({"backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind})
-    load = fleet.FleetLoad(
-        robots=tuple(int(r) for r in _FLEET_ROBOTS.value), seconds=_SERVING_SECONDS.value
-    )
+    load = fleet.FleetLoad(robots=tuple(int(r) for r in _FLEET_ROBOTS.value), seconds=_SERVING_SECONDS.value)
     from oxygen_jax.serving import ray_app  # the ray extra, needed here only
 
     sizes = [int(n) for n in _REPLICAS.value]
