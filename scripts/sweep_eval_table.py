@@ -27,8 +27,17 @@ _OUT = flags.DEFINE_string("out", None, "Folder for the results and the plot.", 
 
 
 def main(_):
-    horizon = config.load_config(_CONFIG.value).model.action_horizon
+    model = config.load_config(_CONFIG.value).model
+    horizon = model.action_horizon
     delays = [int(d) for d in _DELAYS.value] if _DELAYS.value else list(range(horizon // 2 + 1))
+    execution_horizon = simulated.default_execution_horizon(horizon)
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        for delay in delays:  # naive's and rtc's bounds, which include sync's
+            simulated.check_delay(delay, horizon, "rtc", execution_horizon)
+        guidance.check(model.action_dim)
+    except ValueError as error:
+        cli.fail(str(error))
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
@@ -38,8 +47,8 @@ def main(_):
         delays=delays,
         episodes=_EPISODES.value,
         seed=_SEED.value,
-        execution_horizon=simulated.default_execution_horizon(horizon),
-        guidance=rtc.GuidanceSettings(*_GUIDANCE.values()),
+        execution_horizon=execution_horizon,
+        guidance=guidance,
     )
     for row in rows:
         print(

@@ -221,3 +221,9 @@ def test_executor_modes_run_aloha_and_write_the_closed_loop_fields(simulator, ti
 def test_eval_aloha_refuses_bad_executor_flags_in_one_line(simulator, tmp_path):
     stderr = run_cli_failing("--delay_steps=1", f"--out={tmp_path}")
     assert "error: --delay_steps, --latency_ms and --execution_horizon need --execution" in stderr
+    # Checked from the config before the model loads: a delay past the horizon, noise on dims it lacks.
+    executor = ("--config=pi05_tiny", "--execution=rtc", f"--out={tmp_path}")
+    stderr = run_cli_failing(*executor, "--delay_steps=10")
+    assert stderr.strip().splitlines()[-1] == "error: delay_steps must lie in [0, 9], got 10"
+    stderr = run_cli_failing(*executor, "--delay_steps=2", "--noise_dims=33")
+    assert stderr.strip().splitlines()[-1].startswith("error: noise_dims must lie in [1, 32]")

@@ -51,6 +51,7 @@ def test_eval_table_writes_results_json(tmp_path):
         (["--delay_steps=2", "--latency_ms=200"], "exactly one of --delay_steps and --latency_ms"),
         (["--delay_steps=10"], "delay_steps must lie in [0, 9]"),
         (["--delay_steps=7", "--execution=naive"], "exceeds execution_horizon 6"),
+        (["--delay_steps=2", "--noise_dims=33"], "noise_dims must lie in [1, 32]"),
     ],
 )
 def test_eval_table_refuses_bad_flags_in_one_line(tmp_path, flags, message):

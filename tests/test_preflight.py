@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 from conftest import GOLDEN, SERVE, TOKENIZER, free_port
 
@@ -88,6 +89,23 @@ def test_outputs_must_be_creatable(tmp_path):
         preflight.writable(str(tmp_path / "file"), folder=True)
     with pytest.raises(preflight.PreflightError, match="is not a writable folder"):
         preflight.writable(str(tmp_path / "file" / "below.json"), folder=False)
+
+
+def test_numpy_inputs_must_exist_and_be_numpy_files(tmp_path):
+    np.savez(tmp_path / "arrays.npz", a=np.zeros(2))
+    np.save(tmp_path / "array.npy", np.zeros(2))
+    (tmp_path / "notes.npz").write_text("not numpy")
+    for good in ("arrays.npz", "array.npy"):
+        preflight.numpy_file(str(tmp_path / good), "obs")
+    preflight.numpy_file(None, "obs")  # not given: nothing to check
+    with pytest.raises(preflight.PreflightError, match="--obs: no file at") as error:
+        preflight.numpy_file(str(tmp_path / "absent.npz"), "obs")
+    _short(error.value)
+    with pytest.raises(preflight.PreflightError, match="--obs: no file at"):
+        preflight.numpy_file(str(tmp_path), "obs")
+    with pytest.raises(preflight.PreflightError, match=r"--rtc: .* is not a numpy file") as error:
+        preflight.numpy_file(str(tmp_path / "notes.npz"), "rtc")
+    _short(error.value)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")

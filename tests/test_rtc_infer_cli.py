@@ -41,6 +41,19 @@ def test_rtc_file_gives_the_reference_guided_actions(tmp_path, obs_file, rtc_io,
 
 
 @pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [("absent.npz", None, "--rtc: no file at"), ("rtc.npz", "text", "is not a numpy file")],
+)
+def test_an_rtc_path_that_is_no_numpy_file_is_a_one_line_error(tmp_path, obs_file, name, content, message):
+    if content is not None:
+        (tmp_path / name).write_text(content)
+    run = infer_script(f"--obs={obs_file}", f"--rtc={tmp_path / name}")
+    assert run.returncode == 2
+    error, fix = run.stderr.strip().splitlines()[-2:]
+    assert error.startswith("error: ") and message in error and fix.startswith("  fix: "), run.stderr
+
+
+@pytest.mark.parametrize(
     ("override", "message"),
     [
         (

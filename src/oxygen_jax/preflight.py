@@ -110,6 +110,27 @@ def port_free(host: str, port: int) -> None:
             ) from None
 
 
+def numpy_file(path: str | None, flag: str) -> None:
+    """The file a flag names is there and is numpy's: an .npz archive (a zip) or an .npy array (its magic
+    string), read from its first bytes only. None: the flag was not given."""
+    if path is None:
+        return
+    target = pathlib.Path(path).expanduser()
+    if not target.is_file():
+        raise PreflightError(f"--{flag}: no file at {path}", "pass an existing .npz or .npy file")
+    try:
+        with open(target, "rb") as f:
+            head = f.read(6)
+    except OSError as error:
+        raise PreflightError(
+            f"--{flag}: cannot read {path}: {error.strerror or error}", "pass a readable file"
+        ) from None
+    if head[:4] != b"PK\x03\x04" and head != b"\x93NUMPY":
+        raise PreflightError(
+            f"--{flag}: {path} is not a numpy file (.npz or .npy)", "write it with np.savez or np.save"
+        )
+
+
 def writable(path: str, *, folder: bool) -> None:
     """The tool can create `path` (a folder when `folder`, else a file): its nearest existing ancestor
     is a writable folder, and the path itself is not the wrong kind of thing."""

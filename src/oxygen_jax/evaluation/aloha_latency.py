@@ -85,6 +85,7 @@ def evaluate(
     same scenes and noise streams."""
     horizon = policy.engine.config.action_horizon
     simulated.check_delay(delay_steps, horizon, execution, execution_horizon)
+    guidance.check(policy.engine.config.action_dim)
     env = aloha_sim.make_env(settings.task)
     prompt = settings.prompt or aloha_sim.TASKS[settings.task]
     results: dict[str, Any] = {

@@ -198,6 +198,13 @@ class GuidanceSettings:
     prefix_horizon: int | None = None
     noise_dims: int | None = None
 
+    def check(self, action_dim: int) -> None:
+        """ValueError (one line) for a noise_dims the model's actions do not have."""
+        if self.noise_dims is not None and not 1 <= self.noise_dims <= action_dim:
+            raise ValueError(
+                f"noise_dims must lie in [1, {action_dim}] (the model's action dims), got {self.noise_dims}"
+            )
+
     def fields(self) -> dict[str, Any]:
         """Its results.json fields."""
         return {

@@ -129,6 +129,7 @@ def evaluate(
     and delay the same scenes and the same action noise, request by request."""
     horizon = policy.engine.config.action_horizon
     simulated.check_delay(delay_steps, horizon, execution, execution_horizon)
+    guidance.check(policy.engine.config.action_dim)
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):

@@ -45,7 +45,10 @@ _LATENCY = flags.DEFINE_float(
     "latency_ms", None, "--execution: inference latency; d = ceil(latency * 50 Hz)."
 )
 _HORIZON = flags.DEFINE_integer(
-    "execution_horizon", None, "--execution: actions left when the next chunk is asked for (default H/2 + 1)."
+    "execution_horizon",
+    None,
+    "--execution: actions left when the next chunk is asked for (default H/2 + 1).",
+    lower_bound=0,
 )
 _GUIDANCE = cli.define_closed_loop_guidance_flags()
 _OUT = cli.define_out_flag("eval_results/aloha", "Folder for results.json and videos.")
@@ -72,24 +75,28 @@ def _check_execution_flags() -> None:
 def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
     """The executor loop under simulated latency (--execution)."""
     delay = _delay_steps()
-    policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
-    horizon = policy.engine.config.action_horizon
+    model = _POLICY.model.config.value.model
+    horizon = model.action_horizon
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
-    try:
-        results = aloha_latency.evaluate(
-            policy,
-            settings,
-            out_dir,
-            _POLICY.description(),
-            execution=_EXECUTION.value,
-            delay_steps=delay,
-            execution_horizon=execution_horizon,
-            guidance=rtc.GuidanceSettings(*_GUIDANCE.values()),
-        )
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
+        guidance.check(model.action_dim)
     except ValueError as error:
         cli.fail(str(error))
+    policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
+    results = aloha_latency.evaluate(
+        policy,
+        settings,
+        out_dir,
+        _POLICY.description(),
+        execution=_EXECUTION.value,
+        delay_steps=delay,
+        execution_horizon=execution_horizon,
+        guidance=guidance,
+    )
     print(
         f"{settings.task} {results['execution']} d={results['delay_steps']}: "
         f"success {results['success_rate']:.2f}, "

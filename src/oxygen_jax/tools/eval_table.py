@@ -47,24 +47,28 @@ def main(_):
         cli.fail("give exactly one of --delay_steps and --latency_ms")
     delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
     cfg = config.load_config(_CONFIG.value)
-    preflight.model(cfg, _CHECKPOINT.value, None)
-    preflight.writable(_OUT.value, folder=True)
     horizon = cfg.model.action_horizon
-    policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
-    try:
-        results = closed_loop.evaluate(
-            policy,
-            execution=_EXECUTION.value,
-            delay_steps=delay,
-            episodes=_EPISODES.value,
-            seed=_SEED.value,
-            execution_horizon=simulated.default_execution_horizon(horizon)
-            if _HORIZON.value is None
-            else _HORIZON.value,
-            guidance=rtc.GuidanceSettings(*_GUIDANCE.values()),
-        )
+    execution_horizon = (
+        simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
+    )
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
+        guidance.check(cfg.model.action_dim)
     except ValueError as error:
         cli.fail(str(error))
+    preflight.model(cfg, _CHECKPOINT.value, None)
+    preflight.writable(_OUT.value, folder=True)
+    policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
+    results = closed_loop.evaluate(
+        policy,
+        execution=_EXECUTION.value,
+        delay_steps=delay,
+        episodes=_EPISODES.value,
+        seed=_SEED.value,
+        execution_horizon=execution_horizon,
+        guidance=guidance,
+    )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")
 

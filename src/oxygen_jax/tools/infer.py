@@ -123,6 +123,8 @@ def main(_):
     if _SCENE.value is not None and cfg.get("robot") != "table":
         cli.fail(f"--scene renders table scenes; config {cfg.name!r} has robot {cfg.get('robot')!r}")
     _MODEL.preflight(needs_tokenizer=max_text > 0 or bool(_TEXT_TASKS.value) or _SCENE.value is not None)
+    for flag in (_OBS, _RTC, _SCORE):
+        preflight.numpy_file(flag.value, flag.name)
     if _OUT.value:
         preflight.writable(_OUT.value, folder=False)
     engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())

@@ -101,6 +101,7 @@ def _loss_on(cfg) -> None:
     if not _OUT.value:
         cli.fail("--loss_on needs --out")
     preflight.checkpoint(_CHECKPOINT.value)
+    preflight.numpy_file(_LOSS_ON.value, _LOSS_ON.name)
     preflight.writable(_OUT.value, folder=False)
     with np.load(_LOSS_ON.value) as npz:
         arrays = {k.removeprefix("in/"): npz[k] for k in npz.files if not k.startswith("in/image_u8/")}
