@@ -67,6 +67,14 @@ def test_help_shows_the_shared_flags(name):
         pytest.param("benchmark", ["--config=pi05_nope"], "no config named 'pi05_nope'", marks=SLOW),
         ("eval_droid", ["--checkpoint_dir=no/such/dir"], "no checkpoint at 'no/such/dir'"),
         pytest.param("eval_libero", ["--max_text_tokens=abc"], "flag --max_text_tokens=abc", marks=SLOW),
+        # Out-of-range numbers are refused when the flags are parsed, before anything loads.
+        ("infer", ["--top_p=0"], "flag --top_p=0.0: must be > 0"),
+        pytest.param("infer", ["--batch=0"], "flag --batch=0: 0 is not a positive integer", marks=SLOW),
+        pytest.param("run", ["--rate=-1"], "flag --rate=-1.0: must be > 0", marks=SLOW),
+        pytest.param("serve", ["--port=70000"], "not an integer in the range [0, 65535]", marks=SLOW),
+        pytest.param("serve", ["--max_batch=0"], "flag --max_batch=0", marks=SLOW),
+        pytest.param("benchmark", ["--frames=0"], "flag --frames=0", marks=SLOW),
+        ("train", ["--dataset=no/such/dir", "--run_dir=unused"], "no/such/dir: no such dataset folder"),
     ],
 )
 def test_user_mistake_is_one_line_on_stderr(name, args, message):

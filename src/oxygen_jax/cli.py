@@ -288,6 +288,12 @@ def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
     )
 
 
+def positive(holder: flags.FlagHolder) -> flags.FlagHolder:
+    """A number flag that must be > 0 when given (absl's lower_bound admits the bound itself)."""
+    flags.register_validator(holder, lambda value: value is None or value > 0, message="must be > 0")
+    return holder
+
+
 def define_out_flag(default: str | None, what: str) -> flags.FlagHolder:
     """`--out`: where a script writes what it produced (a file or a folder, as `what` says)."""
     return _shown(flags.DEFINE_string("out", default, what))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from PIL import Image
 
+from oxygen_jax.errors import UserError
 from oxygen_jax.lerobot import arrow
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ SUPPORTED_VERSIONS = ("v2.0", "v2.1")
 INDEX_COLUMNS = ("timestamp", "frame_index", "episode_index", "index", "task_index")
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """The dataset folder is missing a file or a column, or holds a malformed one; the message says which."""
 
 

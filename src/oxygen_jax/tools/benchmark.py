@@ -55,7 +55,9 @@ _SWEEPS = flags.DEFINE_list("sweeps", ["ablation"], f"Sweeps to run, of {', '.jo
 _MODES = flags.DEFINE_list(
     "modes", [], "Only these modes of the sweeps, e.g. action_only,isolated,oxygen (or oxygen_deadline)."
 )
-_FRAMES = flags.DEFINE_integer("frames", 20, "Measured frames per run (after warm-up and fill frames).")
+_FRAMES = flags.DEFINE_integer(
+    "frames", 20, "Measured frames per run (after warm-up and fill frames).", lower_bound=1
+)
 _MAX_TEXT = flags.DEFINE_list(
     "max_text_tokens", ["5", "10", "15", "20", "30"], "Text tokens per request in the n_k sweep."
 )
@@ -77,7 +79,9 @@ _FULL_FORWARD = flags.DEFINE_bool(
 _SKIP_EXISTING = flags.DEFINE_bool("skip_existing", False, "Keep runs already recorded in --out (resume).")
 _SERVING = flags.DEFINE_bool("serving", False, "Robots (R=1 T=300 ms, R=4 T=0): DIR/serving.json.")
 _SERVING_SWEEP = flags.DEFINE_bool("serving_sweep", False, "--serving for R in 1,4,16 x T in 0,100,300 ms.")
-_SERVING_SECONDS = flags.DEFINE_float("serving_seconds", 20.0, "Seconds each serving mode runs.")
+_SERVING_SECONDS = cli.positive(
+    flags.DEFINE_float("serving_seconds", 20.0, "Seconds each serving mode runs.")
+)
 _RAY = flags.DEFINE_bool(
     "ray", False, "With --serving: oxygen-serve alone vs --ray fleets of it: DIR/fleet_<config>.json."
 )
@@ -86,10 +90,14 @@ _FLEET_ROBOTS = flags.DEFINE_list("fleet_robots", ["1", "4"], "--serving --ray: 
 _MULTITASK = flags.DEFINE_bool(
     "multitask", False, "Subtask, narration and memory on every observation: DIR/multitask.json."
 )
-_MULTITASK_FRAMES = flags.DEFINE_integer("multitask_frames", 8, "Frames of each frame-synchronous mode.")
-_MULTITASK_SECONDS = flags.DEFINE_float("multitask_seconds", 10.0, "Seconds of each asynchronous mode.")
+_MULTITASK_FRAMES = flags.DEFINE_integer(
+    "multitask_frames", 8, "Frames of each frame-synchronous mode.", lower_bound=1
+)
+_MULTITASK_SECONDS = cli.positive(
+    flags.DEFINE_float("multitask_seconds", 10.0, "Seconds of each asynchronous mode.")
+)
 _MULTITASK_THINK = flags.DEFINE_float(
-    "multitask_think_ms", 100.0, "Asynchronous modes: ms the robot executes each action chunk."
+    "multitask_think_ms", 100.0, "Asynchronous modes: ms the robot executes each action chunk.", lower_bound=0
 )
 _RTC = flags.DEFINE_bool("rtc", False, "Guided vs plain denoise at batch 1 and 4: DIR/rtc_cost.json.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Rebuild quick.json, results.md and plots from --out.")

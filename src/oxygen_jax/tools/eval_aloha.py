@@ -40,9 +40,11 @@ _ROBOT = flags.DEFINE_enum(
 _EXECUTION = flags.DEFINE_enum(
     "execution", None, list(MODES), "Run the executor in this mode on a simulated clock (default: replan)."
 )
-_DELAY = flags.DEFINE_integer("delay_steps", None, "--execution: control steps one inference takes (d).")
+_DELAY = flags.DEFINE_integer(
+    "delay_steps", None, "--execution: control steps one inference takes (d).", lower_bound=0
+)
 _LATENCY = flags.DEFINE_float(
-    "latency_ms", None, "--execution: inference latency; d = ceil(latency * 50 Hz)."
+    "latency_ms", None, "--execution: inference latency; d = ceil(latency * 50 Hz).", lower_bound=0
 )
 _HORIZON = flags.DEFINE_integer(
     "execution_horizon",

@@ -36,7 +36,9 @@ _WRIST = flags.DEFINE_string("wrist_camera_id", None, "Wrist ZED camera id.")
 _EXTERNAL = flags.DEFINE_enum("external_camera", None, ["left", "right"], "Exterior camera the policy sees.")
 # Replay.
 _REPLAY_DIR = flags.DEFINE_string("replay_dir", None, "Folder of npz observations (openpi DROID keys).")
-_SYNTHETIC = flags.DEFINE_integer("synthetic_frames", 32, "Synthetic frames when --replay_dir is absent.")
+_SYNTHETIC = flags.DEFINE_integer(
+    "synthetic_frames", 32, "Synthetic frames when --replay_dir is absent.", lower_bound=1
+)
 _PROMPT = flags.DEFINE_string("prompt", "pick up the marker", "Replay prompt (a frame's own `prompt` wins).")
 _REALTIME = flags.DEFINE_bool("realtime", True, "Replay at 15 Hz (else as fast as the policy answers).")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the synthetic stream.")

@@ -42,16 +42,18 @@ _OUT = cli.define_out_flag(None, "npz to write actions (and text outputs) to.")
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for random init, synthetic inputs and noise.")
 _OBS = flags.DEFINE_string("obs", None, "npz of model-level input arrays (synthetic when absent).")
 _SCENE = flags.DEFINE_integer("scene", None, "Table configs: render the table scene of this seed as input.")
-_BATCH = flags.DEFINE_integer("batch", 1, "Batch size of the synthetic observation.")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
-_TOP_P = flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.")
+_BATCH = flags.DEFINE_integer("batch", 1, "Batch size of the synthetic observation.", lower_bound=1)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).", lower_bound=0)
+_TOP_P = cli.positive(flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass for text.", upper_bound=1))
 _TEXT_TASKS = flags.DEFINE_multi_string(
     "text_task", [], "name:instruction of a language task on the same observation (repeatable)."
 )
 _SCORE = flags.DEFINE_string("score_tokens", None, "npy of int [B, N] continuations to score.")
 _RTC = flags.DEFINE_string("rtc", None, "npz of prev_chunk [B, H, 32], d [B], s [B]: guided actions.")
 _RTC_SCHEDULE = flags.DEFINE_enum("rtc_schedule", "exp", SCHEDULES, "How --rtc's weights fall over [d, s).")
-_MAX_GUIDANCE = flags.DEFINE_float("max_guidance_weight", 5.0, "--rtc's largest guidance weight (beta).")
+_MAX_GUIDANCE = flags.DEFINE_float(
+    "max_guidance_weight", 5.0, "--rtc's largest guidance weight (beta).", lower_bound=0
+)
 
 
 def _timed(fn):

@@ -40,20 +40,30 @@ _LAYOUT = flags.DEFINE_enum(
     "layout", "libero", sorted(observations.LAYOUTS), "Robot whose cameras the synthetic stream fills."
 )
 _PROMPT = flags.DEFINE_string("prompt", observations.DEFAULT_PROMPT, "Task prompt of the synthetic stream.")
-_FRAMES = flags.DEFINE_integer("frames", 60, "Frames with new observations (arrivals happen in these).")
+_FRAMES = flags.DEFINE_integer(
+    "frames", 60, "Frames with new observations (arrivals happen in these).", lower_bound=1
+)
 _DRAIN = flags.DEFINE_bool("drain", True, "After the last frame, keep acting until every request finished.")
 _ARRIVALS = flags.DEFINE_enum("arrivals", "uniform", arrivals.KINDS, "Language request arrival pattern.")
-_RATE = flags.DEFINE_float("rate", 1.0, "Requests per frame (uniform/random_length) or Poisson lambda.")
+_RATE = cli.positive(
+    flags.DEFINE_float("rate", 1.0, "Requests per frame (uniform/random_length) or Poisson lambda.")
+)
 _LENGTHS = flags.DEFINE_list("lengths", ["5", "20"], "Short,long request lengths for random_length.")
-_LONG_FRACTION = flags.DEFINE_float("long_fraction", 0.5, "Fraction of long requests (random_length).")
-_SLOTS = flags.DEFINE_integer("max_slots", None, "Batch state slots (config's engine.max_slots).")
-_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).")
+_LONG_FRACTION = flags.DEFINE_float(
+    "long_fraction", 0.5, "Fraction of long requests (random_length).", lower_bound=0, upper_bound=1
+)
+_SLOTS = flags.DEFINE_integer(
+    "max_slots", None, "Batch state slots (config's engine.max_slots).", lower_bound=1
+)
+_TEMPERATURE = flags.DEFINE_float("temperature", 0.0, "Text sampling temperature (0: greedy).", lower_bound=0)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed for init, observations, arrivals and sampling.")
-_PRINT_TEXT = flags.DEFINE_integer("print_text", 3, "Print the first N finished texts.")
+_PRINT_TEXT = flags.DEFINE_integer("print_text", 3, "Print the first N finished texts.", lower_bound=0)
 _LOOP = flags.DEFINE_enum("loop", None, ["async", "frame"], "Serve closed-loop robots on the device loop.")
-_ROBOTS = flags.DEFINE_integer("robots", 1, "--loop: robots sending observations.")
-_THINK_MS = flags.DEFINE_float("think_ms", 300.0, "--loop: how long a robot executes its actions.")
-_SECONDS = flags.DEFINE_float("seconds", 20.0, "--loop: how long the robots run.")
+_ROBOTS = flags.DEFINE_integer("robots", 1, "--loop: robots sending observations.", lower_bound=1)
+_THINK_MS = flags.DEFINE_float(
+    "think_ms", 300.0, "--loop: how long a robot executes its actions.", lower_bound=0
+)
+_SECONDS = cli.positive(flags.DEFINE_float("seconds", 20.0, "--loop: how long the robots run."))
 
 
 def serve_robots(engine, stream, max_new: int, num_steps: int) -> dict:

@@ -70,7 +70,7 @@ _MODEL = cli.define_model_flags(
 )
 _MAX_TEXT = cli.define_max_text_tokens()
 _DECODE = cli.define_decode_step_flags()
-_PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.")
+_PORT = flags.DEFINE_integer("port", 8000, "Port to serve on.", lower_bound=0, upper_bound=65535)
 _HOST = flags.DEFINE_string("host", "0.0.0.0", "Interface to bind.")
 _PROMPT = flags.DEFINE_string(
     "default_prompt", None, "Prompt for observations that carry none (default: the robot's, if any)."
@@ -91,41 +91,64 @@ _MAX_DELAY_MS = flags.DEFINE_float(
     None,
     "Async loop: longest an arriving observation waits behind a decode chunk (default: 10% of the "
     "measured action path).",
+    lower_bound=0,
 )
-_MAX_SLOTS = flags.DEFINE_integer("max_slots", None, "Language requests decoded together (config's).")
+_MAX_SLOTS = flags.DEFINE_integer(
+    "max_slots", None, "Language requests decoded together (config's).", lower_bound=1
+)
 _MAX_TEXT_TASKS = flags.DEFINE_integer(
     "max_text_tasks",
     0,
     "Stream mode: most text_tasks a request may carry (0: none; >0 compiles more at warm-up).",
+    lower_bound=0,
 )
 _RTC = flags.DEFINE_bool(
     "rtc", True, "Stream mode: take real-time-chunking requests (warm-up also compiles the guided denoiser)."
 )
-_MAX_BATCH = flags.DEFINE_integer("max_batch", 4, "Observations prefilled together in one frame.")
-_GATHER_MS = flags.DEFINE_float("gather_ms", 5.0, "How long a frame waits for other robots' requests.")
-_MAX_MESSAGE_MB = flags.DEFINE_float(
-    "max_message_mb", 16.0, "Largest request accepted (MiB); bigger ones close the connection (1009)."
+_MAX_BATCH = flags.DEFINE_integer(
+    "max_batch", 4, "Observations prefilled together in one frame.", lower_bound=1
 )
-_MAX_CONNECTIONS = flags.DEFINE_integer("max_connections", 64, "Open robot connections; more get HTTP 503.")
+_GATHER_MS = flags.DEFINE_float(
+    "gather_ms", 5.0, "How long a frame waits for other robots' requests.", lower_bound=0
+)
+_MAX_MESSAGE_MB = cli.positive(
+    flags.DEFINE_float(
+        "max_message_mb", 16.0, "Largest request accepted (MiB); bigger ones close the connection (1009)."
+    )
+)
+_MAX_CONNECTIONS = flags.DEFINE_integer(
+    "max_connections", 64, "Open robot connections; more get HTTP 503.", lower_bound=1
+)
 _MAX_TEXT_SUBSCRIBERS = flags.DEFINE_integer(
-    "max_text_subscribers", 64, "Open /text subscribers (a cap of their own); more get HTTP 503."
+    "max_text_subscribers",
+    64,
+    "Open /text subscribers (a cap of their own); more get HTTP 503.",
+    lower_bound=0,
 )
 _MAX_CONNECTIONS_PER_IP = flags.DEFINE_integer(
     "max_connections_per_ip",
     0,
     "Open connections from one address (0: no cap; behind a proxy all share one).",
+    lower_bound=0,
 )
 _IDLE_TIMEOUT_S = flags.DEFINE_float(
     "idle_timeout_s",
     300.0,
     "Close a robot connection that sends nothing, or a /text subscriber sent and sending nothing, this "
     "long (0: never).",
+    lower_bound=0,
 )
 _RECEIVE_TIMEOUT_S = flags.DEFINE_float(
-    "receive_timeout_s", 30.0, "A message must arrive whole this soon after its first frame (0: no limit)."
+    "receive_timeout_s",
+    30.0,
+    "A message must arrive whole this soon after its first frame (0: no limit).",
+    lower_bound=0,
 )
 _DRAIN_TIMEOUT_S = flags.DEFINE_float(
-    "drain_timeout_s", 30.0, "On SIGTERM, longest wait to answer the requests received or buffered."
+    "drain_timeout_s",
+    30.0,
+    "On SIGTERM, longest wait to answer the requests received or buffered.",
+    lower_bound=0,
 )
 API_KEY_ENV = "OXYGEN_API_KEY"
 _API_KEY = flags.DEFINE_string(
@@ -140,18 +163,27 @@ _RAY = flags.DEFINE_bool("ray", False, "Serve replicas of this server on Ray Ser
 _RAY_ADDRESS = flags.DEFINE_string(
     "ray_address", None, "--ray: the Ray cluster to join ('auto': the running one); default: a local one."
 )
-_REPLICAS = flags.DEFINE_integer("replicas", 1, "--ray: replicas, each a whole server on its own device.")
-_MIN_REPLICAS = flags.DEFINE_integer("min_replicas", None, "--ray autoscaling: fewest replicas (--replicas).")
+_REPLICAS = flags.DEFINE_integer(
+    "replicas", 1, "--ray: replicas, each a whole server on its own device.", lower_bound=1
+)
+_MIN_REPLICAS = flags.DEFINE_integer(
+    "min_replicas", None, "--ray autoscaling: fewest replicas (--replicas).", lower_bound=0
+)
 _MAX_REPLICAS = flags.DEFINE_integer(
-    "max_replicas", None, "--ray: autoscale up to this many replicas on connected robots (default: fixed)."
-)
-_TARGET_ONGOING = flags.DEFINE_float(
-    "target_ongoing_requests",
+    "max_replicas",
     None,
-    "--ray autoscaling: connected robots per replica to aim for (default max_slots/2).",
+    "--ray: autoscale up to this many replicas on connected robots (default: fixed).",
+    lower_bound=1,
 )
-_REPLICA_CPUS = flags.DEFINE_float(
-    "replica_cpus", 1.0, "--ray on CPUs: CPUs each replica reserves (fractions allowed)."
+_TARGET_ONGOING = cli.positive(
+    flags.DEFINE_float(
+        "target_ongoing_requests",
+        None,
+        "--ray autoscaling: connected robots per replica to aim for (default max_slots/2).",
+    )
+)
+_REPLICA_CPUS = cli.positive(
+    flags.DEFINE_float("replica_cpus", 1.0, "--ray on CPUs: CPUs each replica reserves (fractions allowed).")
 )
 
 
