@@ -71,6 +71,7 @@ def test_help_shows_the_shared_flags(name):
         ("infer", ["--top_p=0"], "flag --top_p=0.0: must be > 0"),
         pytest.param("infer", ["--batch=0"], "flag --batch=0: 0 is not a positive integer", marks=SLOW),
         pytest.param("run", ["--rate=-1"], "flag --rate=-1.0: must be > 0", marks=SLOW),
+        pytest.param("run", ["--lengths=5"], "expects two positive token counts", marks=SLOW),
         pytest.param("serve", ["--port=70000"], "not an integer in the range [0, 65535]", marks=SLOW),
         pytest.param("serve", ["--max_batch=0"], "flag --max_batch=0", marks=SLOW),
         pytest.param("benchmark", ["--frames=0"], "flag --frames=0", marks=SLOW),

@@ -49,6 +49,11 @@ _RATE = cli.positive(
     flags.DEFINE_float("rate", 1.0, "Requests per frame (uniform/random_length) or Poisson lambda.")
 )
 _LENGTHS = flags.DEFINE_list("lengths", ["5", "20"], "Short,long request lengths for random_length.")
+flags.register_validator(
+    _LENGTHS,
+    lambda lengths: len(lengths) == 2 and all(x.isdigit() and int(x) > 0 for x in lengths),
+    message="expects two positive token counts: short,long",
+)
 _LONG_FRACTION = flags.DEFINE_float(
     "long_fraction", 0.5, "Fraction of long requests (random_length).", lower_bound=0, upper_bound=1
 )
