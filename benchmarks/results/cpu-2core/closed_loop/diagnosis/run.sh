@@ -31,4 +31,10 @@ for execution in sync naive rtc; do
   python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d2_e6_1000" \
     --execution=$execution --delay_steps=2 2>/dev/null
 done
+# d = 2 with the next chunk asked for at 7 actions left: at once after every switch (one request always
+# in flight), the youngest actions naive and rtc can execute with one request at a time.
+for execution in sync naive rtc; do
+  python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d2_e7_1000" \
+    --execution=$execution --delay_steps=2 --execution_horizon=7 2>/dev/null
+done
 python "$out/plot.py"

@@ -10,3 +10,8 @@ for d in 2 3; do
       --out="$out/${execution}_d${d}_1000" 2>/dev/null
   done
 done
+# d = 2 with the next chunk asked for at once after every switch (7 actions left).
+for execution in sync naive rtc; do
+  python scripts/eval_table.py --execution=$execution --delay_steps=2 --execution_horizon=7 --episodes=1000 \
+    --seed=0 --noise_dims=2 --out="$out/${execution}_d2_e7_1000" 2>/dev/null
+done
