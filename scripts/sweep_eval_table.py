@@ -11,6 +11,8 @@ import pathlib
 from absl import app, flags
 
 from oxygen_jax import cli, config
+from oxygen_jax.client import simulated
+from oxygen_jax.policies import rtc
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
 _CONFIG = flags.DEFINE_string(
@@ -26,9 +28,16 @@ _OUT = flags.DEFINE_string("out", None, "Folder for the results and the plot.", 
 
 def main(_):
     model = config.load_config(_CONFIG.value).model
-    delays = [int(d) for d in _DELAYS.value] if _DELAYS.value else list(range(model.action_horizon // 2 + 1))
-    # rtc's bounds on the delay are naive's and include sync's.
-    execution_horizon, guidance = _GUIDANCE.checked(model, "rtc", delays, None)
+    horizon = model.action_horizon
+    delays = [int(d) for d in _DELAYS.value] if _DELAYS.value else list(range(horizon // 2 + 1))
+    execution_horizon = simulated.default_execution_horizon(horizon)
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        for delay in delays:  # naive's and rtc's bounds, which include sync's
+            simulated.check_delay(delay, horizon, "rtc", execution_horizon)
+        guidance.check(model.action_dim)
+    except ValueError as error:
+        cli.fail(str(error))
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)

@@ -9,7 +9,7 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -245,27 +245,13 @@ class ClosedLoopGuidanceFlags:
     prefix_horizon: flags.FlagHolder
     noise_dims: flags.FlagHolder
 
-    def checked(self, model, execution: str, delays: Sequence[int], execution_horizon: int | None):
-        """(execution horizon, `GuidanceSettings`) for a config's `model`, the horizon H/2 + 1 when None,
-        after checking the delays and noise_dims against the model: a one-line error before it loads."""
-        from oxygen_jax.client import simulated
-        from oxygen_jax.policies import rtc
-
-        if execution_horizon is None:
-            execution_horizon = simulated.default_execution_horizon(model.action_horizon)
-        guidance = rtc.GuidanceSettings(
+    def values(self) -> tuple[str, float, int | None, int | None]:
+        return (
             self.schedule.value,
             self.max_guidance_weight.value,
             self.prefix_horizon.value,
             self.noise_dims.value,
         )
-        try:
-            for delay in delays:
-                simulated.check_delay(delay, model.action_horizon, execution, execution_horizon)
-            guidance.check(model.action_dim)
-        except ValueError as error:
-            fail(str(error))
-        return execution_horizon, guidance
 
 
 def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:

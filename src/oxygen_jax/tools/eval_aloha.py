@@ -19,6 +19,7 @@ from absl import flags
 from oxygen_jax import cli
 from oxygen_jax.client import MODES, simulated
 from oxygen_jax.evaluation import aloha_latency, aloha_sim, policies, recording
+from oxygen_jax.policies import rtc
 
 _POLICY = cli.define_policy_flags("pi05_aloha")
 _TASK = flags.DEFINE_enum("task", "AlohaTransferCube-v0", sorted(aloha_sim.TASKS), "gym-aloha task.")
@@ -76,9 +77,17 @@ def _check_execution_flags() -> None:
 def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
     """The executor loop under simulated latency (--execution)."""
     delay = _delay_steps()
-    execution_horizon, guidance = _GUIDANCE.checked(
-        _POLICY.model.config.value.model, _EXECUTION.value, [delay], _HORIZON.value
+    model = _POLICY.model.config.value.model
+    horizon = model.action_horizon
+    execution_horizon = (
+        simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
+        guidance.check(model.action_dim)
+    except ValueError as error:
+        cli.fail(str(error))
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     results = aloha_latency.evaluate(
         policy,

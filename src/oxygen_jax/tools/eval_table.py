@@ -17,7 +17,8 @@ import pathlib
 from absl import app, flags
 
 from oxygen_jax import cli, config, preflight
-from oxygen_jax.client import MODES
+from oxygen_jax.client import MODES, simulated
+from oxygen_jax.policies import rtc
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
 _CONFIG = flags.DEFINE_string(
@@ -46,7 +47,16 @@ def main(_):
         cli.fail("give exactly one of --delay_steps and --latency_ms")
     delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
     cfg = config.load_config(_CONFIG.value)
-    execution_horizon, guidance = _GUIDANCE.checked(cfg.model, _EXECUTION.value, [delay], _HORIZON.value)
+    horizon = cfg.model.action_horizon
+    execution_horizon = (
+        simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
+    )
+    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    try:  # before the model loads
+        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
+        guidance.check(cfg.model.action_dim)
+    except ValueError as error:
+        cli.fail(str(error))
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
