@@ -8,7 +8,7 @@ Writes OUT/<mode>_d<d>/results.json (as scripts/eval_table.py), OUT/sweep.json a
 
 import pathlib
 
-from absl import app, flags
+from absl import flags
 
 from oxygen_jax import cli, config
 from oxygen_jax.client import simulated
@@ -32,12 +32,8 @@ def main(_):
     delays = [int(d) for d in _DELAYS.value] if _DELAYS.value else list(range(horizon // 2 + 1))
     execution_horizon = simulated.default_execution_horizon(horizon)
     guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
-    try:  # before the model loads
-        for delay in delays:  # naive's and rtc's bounds, which include sync's
-            simulated.check_delay(delay, horizon, "rtc", execution_horizon)
-        guidance.check(model.action_dim)
-    except ValueError as error:
-        cli.fail(str(error))
+    # naive's and rtc's bounds, which include sync's
+    guidance.check(model, execution="rtc", delays=delays, execution_horizon=execution_horizon)
     out = pathlib.Path(_OUT.value)
     out.mkdir(parents=True, exist_ok=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
@@ -59,4 +55,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

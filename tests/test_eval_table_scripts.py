@@ -46,18 +46,28 @@ def test_eval_table_writes_results_json(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("script", "flags", "message"),
     [
-        (["--delay_steps=2", "--latency_ms=200"], "exactly one of --delay_steps and --latency_ms"),
-        (["--delay_steps=10"], "delay_steps must lie in [0, 9]"),
-        (["--delay_steps=7", "--execution=naive"], "exceeds execution_horizon 6"),
-        (["--delay_steps=2", "--noise_dims=33"], "noise_dims must lie in [1, 32]"),
+        (
+            "eval_table",
+            ["--delay_steps=2", "--latency_ms=200"],
+            "exactly one of --delay_steps and --latency_ms",
+        ),
+        ("eval_table", ["--delay_steps=10"], "delay_steps must lie in [0, 9]"),
+        ("eval_table", ["--delay_steps=7", "--execution=naive"], "exceeds execution_horizon 6"),
+        ("eval_table", ["--delay_steps=2", "--noise_dims=33"], "noise_dims must lie in [1, 32]"),
+        ("sweep_eval_table", ["--delays=0,7"], "exceeds execution_horizon 6"),
+        ("sweep_eval_table", ["--noise_dims=33"], "noise_dims must lie in [1, 32]"),
     ],
 )
-def test_eval_table_refuses_bad_flags_in_one_line(tmp_path, flags, message):
-    run = _run("eval_table", *flags, "--episodes=1", f"--out={tmp_path}")
+def test_closed_loop_scripts_refuse_bad_flags_in_one_line_before_the_model_loads(
+    tmp_path, script, flags, message
+):
+    run = _run(script, *flags, "--episodes=1", f"--out={tmp_path}")
     assert run.returncode == 2
-    assert run.stderr.strip().splitlines()[-1].startswith("error: ") and message in run.stderr
+    (line,) = run.stderr.strip().splitlines()
+    assert line.startswith("error: ") and message in line
+    assert not any(tmp_path.iterdir())  # nothing ran
 
 
 def test_sweep_writes_every_run_and_the_plot(tmp_path):

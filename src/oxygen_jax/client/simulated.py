@@ -14,6 +14,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from oxygen_jax.client.executor import Executor, ExecutorConfig, Robot, SimClock
+from oxygen_jax.errors import InvalidArgumentError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,12 +121,12 @@ def motion_summary(episodes: Sequence[_Moved]) -> dict[str, Any]:
 
 
 def check_delay(delay_steps: int, horizon: int, execution: str, execution_horizon: int) -> None:
-    """ValueError (one line) for a delay the loop cannot run: d >= H, or for naive and rtc a d beyond the
-    actions left when the next chunk is asked for (the chunk would run out before the reply)."""
+    """InvalidArgumentError (one line) for a delay the loop cannot run: d >= H, or for naive and rtc a d
+    beyond the actions left when the next chunk is asked for (the chunk would run out before the reply)."""
     if not 0 <= delay_steps < horizon:
-        raise ValueError(f"delay_steps must lie in [0, {horizon - 1}], got {delay_steps}")
+        raise InvalidArgumentError(f"delay_steps must lie in [0, {horizon - 1}], got {delay_steps}")
     if execution != "sync" and delay_steps > execution_horizon:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"delay_steps {delay_steps} exceeds execution_horizon {execution_horizon}: the chunk runs out"
         )
 

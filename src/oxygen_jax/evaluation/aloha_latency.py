@@ -83,9 +83,9 @@ def evaluate(
     """Runs the episodes, rewriting `out_dir/results.json` after each; returns the final results. Episode i
     resets the env with seed + i and draws the action noise from (seed, i), so every mode and delay see the
     same scenes and noise streams."""
-    horizon = policy.engine.config.action_horizon
-    simulated.check_delay(delay_steps, horizon, execution, execution_horizon)
-    guidance.check(policy.engine.config.action_dim)
+    guidance.check(
+        policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
+    )
     env = aloha_sim.make_env(settings.task)
     prompt = settings.prompt or aloha_sim.TASKS[settings.task]
     results: dict[str, Any] = {
@@ -95,7 +95,7 @@ def evaluate(
         "policy": {**info, "metadata": dict(policy.metadata)},
         "execution": execution,
         "delay_steps": delay_steps,
-        "action_horizon": horizon,
+        "action_horizon": policy.engine.config.action_horizon,
         "execution_horizon": execution_horizon,
         "seed": settings.seed,
         "max_steps": settings.max_steps,

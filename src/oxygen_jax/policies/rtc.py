@@ -16,14 +16,15 @@ import dataclasses
 import itertools
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from oxygen_jax.client import protocol
+from oxygen_jax.client import protocol, simulated
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
+from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.policy import Policy, RequestOptions
 
@@ -198,11 +199,18 @@ class GuidanceSettings:
     prefix_horizon: int | None = None
     noise_dims: int | None = None
 
-    def check(self, action_dim: int) -> None:
-        """ValueError (one line) for a noise_dims the model's actions do not have."""
-        if self.noise_dims is not None and not 1 <= self.noise_dims <= action_dim:
-            raise ValueError(
-                f"noise_dims must lie in [1, {action_dim}] (the model's action dims), got {self.noise_dims}"
+    def check(
+        self, model: Pi05Config, *, execution: str, delays: Sequence[int], execution_horizon: int
+    ) -> None:
+        """InvalidArgumentError (one line) for a closed-loop run `model` cannot take: a delay the loop cannot
+        run (`simulated.check_delay`) or a noise_dims its actions do not have. The closed-loop tools call it
+        from the config, before the model loads."""
+        for delay in delays:
+            simulated.check_delay(delay, model.action_horizon, execution, execution_horizon)
+        if self.noise_dims is not None and not 1 <= self.noise_dims <= model.action_dim:
+            raise InvalidArgumentError(
+                f"noise_dims must lie in [1, {model.action_dim}] (the model's action dims),"
+                f" got {self.noise_dims}"
             )
 
     def fields(self) -> dict[str, Any]:

@@ -127,9 +127,9 @@ def evaluate(
 ) -> dict[str, Any]:
     """`episodes` held-out scenes in closed loop; results.json's fields. The same seed gives every mode
     and delay the same scenes and the same action noise, request by request."""
-    horizon = policy.engine.config.action_horizon
-    simulated.check_delay(delay_steps, horizon, execution, execution_horizon)
-    guidance.check(policy.engine.config.action_dim)
+    guidance.check(
+        policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
+    )
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):
@@ -147,7 +147,7 @@ def evaluate(
     return {
         "execution": execution,
         "delay_steps": delay_steps,
-        "action_horizon": horizon,
+        "action_horizon": policy.engine.config.action_horizon,
         "execution_horizon": execution_horizon,
         "episodes": episodes,
         "seed": seed,

@@ -83,11 +83,7 @@ def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
     guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
-    try:  # before the model loads
-        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
-        guidance.check(model.action_dim)
-    except ValueError as error:
-        cli.fail(str(error))
+    guidance.check(model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     results = aloha_latency.evaluate(
         policy,

@@ -52,11 +52,7 @@ def main(_):
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
     guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
-    try:  # before the model loads
-        simulated.check_delay(delay, horizon, _EXECUTION.value, execution_horizon)
-        guidance.check(cfg.model.action_dim)
-    except ValueError as error:
-        cli.fail(str(error))
+    guidance.check(cfg.model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
