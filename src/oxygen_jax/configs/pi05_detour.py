@@ -17,9 +17,12 @@ def get_config():
     c.model.discrete_state_input = True
     c.model.max_token_len = 32
     c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_detour")
-    # Actions only (no subtask text): openpi's flow loss over the table robot's 2 action dims.
+    # Actions only (no subtask text): openpi's flow loss, over all 32 model action dims (the padding
+    # included, whose target is 0), so the model predicts ~0 on the padding dims as openpi's do: real-time
+    # chunking's guidance covers every dim (docs/rtc.md).
     t = c.training
     t.text_loss_weight = 0.0
+    t.real_action_dim = 0
     # The shipped checkpoint is this run resumed to 6000 steps with decay_steps=6000 (docs/training.md).
     t.num_train_steps = 3000
     t.decay_steps = 3000

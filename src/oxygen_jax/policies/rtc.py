@@ -240,8 +240,9 @@ def draw_noise(rng: np.random.Generator, shape: tuple[int, int], noise_dims: int
     """Standard normal action noise [H, action_dim], zero past the first `noise_dims` dims (None: none
     zeroed). The draw is the same either way, so a seed gives the kept dims the same values.
 
-    Training pads a robot's actions with zeros past its own dims, but noise on those dims still reaches a
-    small model's real dims: on `pi05_detour` it smears a chunk's two modes into each other (docs/rtc.md).
+    Training pads a robot's actions with zeros past its own dims, yet draws the noise on all of them, as
+    openpi does; how much the noise on the padding dims moves the real ones depends on the model, and this
+    ablation measures it (docs/rtc.md, on `pi05_detour`).
     """
     noise = rng.standard_normal(shape).astype(np.float32)
     if noise_dims is not None:

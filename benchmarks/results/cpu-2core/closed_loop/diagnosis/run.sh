@@ -37,4 +37,14 @@ for execution in sync naive rtc; do
   python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d2_e7_1000" \
     --execution=$execution --delay_steps=2 --execution_horizon=7 2>/dev/null
 done
+# Fewer actions left at the request (E = 5 and 4, so each chunk runs one or two actions longer) at d = 2
+# and 3 (at d = 3 with E = 5 naive and rtc had overtaken sync above), and d = H/2 = 5 with E = 5, the
+# only E at which a chunk lasts until the next one arrives there.
+for de in 2:5 2:4 3:4 5:5; do
+  d=${de%:*} e=${de#*:}
+  for execution in sync naive rtc; do
+    python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d${d}_e${e}_1000" \
+      --execution=$execution --delay_steps=$d --execution_horizon=$e 2>/dev/null
+  done
+done
 python "$out/plot.py"
