@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Why rtc loses success to sync on the detour task: rtc's guidance settings at d = 3 and 5, and sync
-# without latency executing more actions per chunk (older plans), 200 held-out episodes each (seed 0, the
-# recorded sweep's scenes and noise). Run from the repository root:
+# The detour task beyond the sweep (docs/rtc.md, "When the next chunk is asked for" and "Why rtc does not
+# beat naive here"): rtc's guidance settings at d = 3 and 5 and sync without latency executing more
+# actions per chunk, 200 held-out episodes each, then the three modes over the execution horizon E on
+# 1000 episodes (seed 0, the recorded sweep's scenes and noise). Run from the repository root:
 #   bash benchmarks/results/cpu-2core/closed_loop/diagnosis/run.sh
 set -euo pipefail
 out=benchmarks/results/cpu-2core/closed_loop/diagnosis
@@ -46,5 +47,21 @@ for de in 2:5 2:4 3:4 5:5; do
     python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d${d}_e${e}_1000" \
       --execution=$execution --delay_steps=$d --execution_horizon=$e 2>/dev/null
   done
+done
+# rtc's settings at E = 5 (1000 episodes, seed 0), then the chosen one (`ones`, beta 7) and the three
+# modes checked on other scenes and noise (seed 1).
+for d in 2 3; do
+  for setting in ones:2 ones:5 ones:7 ones:10 linear:5 linear:10 exp:20; do
+    schedule=${setting%:*} beta=${setting#*:}
+    python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/rtc_${schedule}_b${beta}_d${d}_e5_1000" \
+      --execution=rtc --delay_steps=$d --execution_horizon=5 --rtc_schedule=$schedule \
+      --max_guidance_weight=$beta 2>/dev/null
+  done
+  for execution in sync naive rtc; do
+    python scripts/eval_table.py --episodes=1000 --seed=1 --out="$out/${execution}_d${d}_e5_seed1_1000" \
+      --execution=$execution --delay_steps=$d --execution_horizon=5 2>/dev/null
+  done
+  python scripts/eval_table.py --episodes=1000 --seed=1 --out="$out/rtc_ones_b7_d${d}_e5_seed1_1000" \
+    --execution=rtc --delay_steps=$d --execution_horizon=5 --rtc_schedule=ones --max_guidance_weight=7 2>/dev/null
 done
 python "$out/plot.py"
