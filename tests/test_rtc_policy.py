@@ -9,9 +9,10 @@ from conftest import E2E, FakePending, GoldenRobot, make_policy, raw_observation
 
 from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 from oxygen_jax.engine.api import ChunkGuidance
+from oxygen_jax.errors import UserError
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import RequestOptions
-from oxygen_jax.policies.rtc import RtcError, RtcPolicy, align, draw_noise
+from oxygen_jax.policies.rtc import GuidanceSettings, RtcError, RtcPolicy, align, draw_noise
 
 NOISE = E2E["in/noise"]
 
@@ -45,6 +46,28 @@ def test_closed_loop_noise_on_the_leading_dims_only_keeps_their_draw():
     kept = draw_noise(np.random.default_rng(7), (10, 32), 2)
     np.testing.assert_array_equal(kept[:, :2], full[:, :2])
     assert not kept[:, 2:].any() and full[:, 2:].std() > 0.5
+
+
+def test_closed_loop_settings_the_model_can_run_pass_the_check(policy):
+    model = policy.engine.config  # H = 10, 32 action dims
+    GuidanceSettings().check(model, execution="sync", delays=[0, 7, 9], execution_horizon=6)  # sync waits
+    GuidanceSettings(noise_dims=32).check(model, execution="rtc", delays=[0, 6], execution_horizon=6)
+
+
+@pytest.mark.parametrize(
+    ("settings", "execution", "delays", "message"),
+    [
+        (GuidanceSettings(), "sync", [0, 10], r"delay_steps must lie in \[0, 9\], got 10"),
+        (GuidanceSettings(), "rtc", [2, 7], "delay_steps 7 exceeds execution_horizon 6"),
+        (GuidanceSettings(noise_dims=33), "rtc", [2], r"noise_dims must lie in \[1, 32\]"),
+    ],
+)
+def test_closed_loop_settings_the_model_cannot_run_are_one_line_user_errors(
+    policy, settings, execution, delays, message
+):
+    with pytest.raises(UserError, match=message) as error:
+        settings.check(policy.engine.config, execution=execution, delays=delays, execution_horizon=6)
+    assert isinstance(error.value, ValueError) and "\n" not in str(error.value)
 
 
 def test_a_client_without_rtc_gets_the_plain_reply_plus_chunk_fields(policy):
