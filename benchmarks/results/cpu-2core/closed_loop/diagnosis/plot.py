@@ -1,5 +1,6 @@
 """The diagnosis's trade-off: success against mean switch jump for every rtc setting at d = 3 and 5, with
-naive and sync at the same d (from the recorded sweep), written next to this file as tradeoff.png.
+naive and sync at the same d (from the recorded sweep; 200 episodes, E = 6), and at d = 2 and 3 with E = 5
+(1000 episodes), written next to this file as tradeoff.png.
 
   python benchmarks/results/cpu-2core/closed_loop/diagnosis/plot.py
 """
@@ -20,30 +21,62 @@ def _point(path: pathlib.Path) -> tuple[float, float]:
     return results["switch_jump_mean"], results["success_rate"]
 
 
+MODES = (("rtc", "tab:green"), ("naive", "tab:orange"), ("sync", "tab:blue"))
+
+
+def _settings(axis, names: list[str], prefix: str, suffix: str) -> None:
+    for name in names:
+        jump, success = _point(HERE / name)
+        axis.plot(jump, success, "o", color="tab:green")
+        axis.annotate(
+            name.removeprefix(prefix).removesuffix(suffix),
+            (jump, success),
+            fontsize=8,
+            xytext=(3, 3),
+            textcoords="offset points",
+        )
+
+
 def main() -> None:
-    figure, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-    for axis, d in zip(axes, (3, 5), strict=True):
-        # The 1000-episode runs are the table in docs/rtc.md, not settings of this plot.
-        for name in sorted(p.name for p in HERE.glob(f"rtc_d{d}_*") if not p.name.endswith("_1000")):
-            jump, success = _point(HERE / name)
-            axis.plot(jump, success, "o", color="tab:green")
-            axis.annotate(
-                name.removeprefix(f"rtc_d{d}_"),
-                (jump, success),
-                fontsize=8,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
-        for mode, colour in (("rtc", "tab:green"), ("naive", "tab:orange"), ("sync", "tab:blue")):
+    figure, axes = plt.subplots(1, 4, figsize=(20, 4.2))
+    for axis, d in zip(axes[:2], (3, 5), strict=True):
+        # Settings at E = 6 (200 episodes); the 1000-episode runs are the other panels and docs/rtc.md.
+        names = sorted(p.name for p in HERE.glob(f"rtc_d{d}_*") if not p.name.endswith("_1000"))
+        _settings(axis, names, f"rtc_d{d}_", "")
+        for mode, colour in MODES:
             jump, success = _point(HERE.parent / f"{mode}_d{d}")
             axis.plot(jump, success, "s", color=colour, markersize=9, label=f"{mode} (sweep)")
-        axis.set_title(f"d = {d}: rtc settings (default exp, beta 5, s = actions left)")
+        axis.set_title(f"d = {d}, E = 6, 200 episodes (default exp, beta 5)", fontsize=10)
+    for axis, d in zip(axes[2:], (2, 3), strict=True):
+        suffix = f"_d{d}_e5_1000"
+        _settings(
+            axis,
+            sorted(p.name for p in HERE.glob(f"rtc_*{suffix}") if p.name != f"rtc{suffix}"),
+            "rtc_",
+            suffix,
+        )
+        for mode, colour in MODES:
+            jump, success = _point(HERE / f"{mode}{suffix}")
+            axis.plot(
+                jump,
+                success,
+                "s",
+                color=colour,
+                markersize=9,
+                label=f"{mode} (exp, beta 5)" if mode == "rtc" else mode,
+            )
+        axis.axvline(
+            1.2 * _point(HERE / f"sync{suffix}")[0], color="grey", linestyle=":", label="1.2x sync's jump"
+        )
+        axis.set_title(f"d = {d}, E = 5, 1000 episodes", fontsize=10)
+    for axis in axes:
         axis.set_xlabel("mean switch jump (table units)")
         axis.grid(alpha=0.3)
     axes[0].set_ylabel("success rate")
     axes[1].legend(loc="upper right")
+    axes[3].legend(loc="lower right")
     figure.suptitle(
-        "detour task, 200 episodes per point: holding the old chunk more trades success for jumps"
+        "detour task: holding the old chunk harder (schedule, beta) trades success for smaller jumps"
     )
     figure.tight_layout()
     figure.savefig(HERE / "tradeoff.png", dpi=110)
