@@ -70,23 +70,24 @@ def _run(mode: str, ticks: int, latency_s: float = 0.25, execution_horizon: int 
 
 def test_sync_stops_for_every_reply_and_starts_each_chunk_at_zero():
     stats, robot, server, clock = _run("sync", ticks=25, execution_horizon=2)
-    # 3 ticks for the first reply (0.25 s, polled each 0.1 s), then 8 actions and 2 stalled ticks per chunk.
-    assert robot.executed == [*range(8), *range(1000, 1008), 2000, 2001]
-    assert stats.stalls == 3 + 2 + 2 and stats.actions == 18 and stats.ticks == 25
-    assert [(s.chunk_id, s.start) for s in stats.switches] == [(0, 0), (1, 0), (2, 0)]
+    # Each reply (0.25 s, polled each 0.1 s) is taken 3 ticks after its observation: 8 actions, then 3
+    # stalled ticks per chunk; the third reply would come at tick 25.
+    assert robot.executed == [*range(8), *range(1000, 1008)]
+    assert stats.stalls == 3 + 3 + 3 and stats.actions == 16 and stats.ticks == 25
+    assert [(s.chunk_id, s.start) for s in stats.switches] == [(0, 0), (1, 0)]
     assert stats.switches[1].jump == 1000 - 8  # against the old chunk's action for that moment
     assert all(protocol.RTC not in obs for obs in server.observations)
     assert clock.now() == pytest.approx(2.5)
 
 
 def test_naive_keeps_moving_and_switches_at_the_aligned_index():
-    """The request goes out after the 6th action (4 left); 3 ticks later the reply is there and the robot
-    has executed 2 more, so it continues the new chunk at index 2: the same moment, another plan."""
+    """The request goes out before the 7th action (4 left); 3 ticks later the reply is there and the robot
+    has executed 3 more, so it continues the new chunk at index 3: the same moment, another plan."""
     stats, robot, server, _ = _run("naive", ticks=14)
-    assert robot.executed == [*range(8), 1002, 1003, 1004]
+    assert robot.executed == [*range(9), 1003, 1004]
     assert stats.stalls == 3
-    assert [(s.chunk_id, s.start) for s in stats.switches[1:]] == [(1, 2)]
-    assert stats.switches[1].jump == pytest.approx(1002 - 8)
+    assert [(s.chunk_id, s.start) for s in stats.switches[1:]] == [(1, 3)]
+    assert stats.switches[1].jump == pytest.approx(1003 - 9)
     assert all(protocol.RTC not in obs for obs in server.observations)
 
 
@@ -116,11 +117,12 @@ def test_rtc_delay_and_horizon_can_be_set():
 
 
 def test_a_late_reply_stalls_the_robot_and_starts_past_what_it_executed():
-    """Latency 0.65 s (7 ticks) with 4 actions left: the chunk runs out after 4 more actions, the robot
-    stalls 2 ticks, and the new chunk starts past the 4 actions executed since the observation."""
+    """Latency 0.65 s (taken 7 ticks after the observation) with 4 actions left: the chunk runs out after
+    4 more actions, the robot stalls 3 ticks, and the new chunk starts past the 4 actions executed since
+    the observation."""
     stats, robot, _, _ = _run("naive", ticks=22, latency_s=0.65)
-    assert robot.executed == [*range(10), 1004, 1005, 1006]
-    assert stats.stalls == 7 + 2
+    assert robot.executed == [*range(10), 1004, 1005]
+    assert stats.stalls == 7 + 3
     assert stats.switches[1].start == 4 and stats.switches[1].jump is None
 
 

@@ -174,12 +174,17 @@ class Executor:
         return self.stats
 
     def tick(self) -> None:
-        """Takes a reply that is due, executes one action (or stalls), asks for the next chunk when
-        `execution_horizon` actions remain, then waits for the next tick."""
-        if self._chunk is None and self._in_flight is None:
-            self._request()
+        """Takes a reply that is due, asks for the next chunk when `execution_horizon` actions remain,
+        executes one action (or stalls), then waits for the next tick.
+
+        The observation is taken before this tick's action, so a request can leave in the tick that
+        switched chunks: a reply d ticks later then finds d actions executed, and a chunk whose last
+        d actions are left when it starts lasts until the next one arrives (no stall at d = E)."""
         if self._in_flight is not None:
             self._take_reply()
+        if self._in_flight is None and self._wants_next_chunk():
+            self._request()
+            self._take_reply()  # a reply without latency is there at once
         if self._waiting():
             self.stats.stalls += 1
         else:
@@ -189,15 +194,13 @@ class Executor:
             if self._in_flight is not None:
                 self._in_flight.executed_since += 1
         self.stats.ticks += 1
-        if (
-            self._in_flight is None
-            and len(self._chunk.actions) - self._index <= self.config.execution_horizon
-        ):
-            self._request()
         now = self.clock.now()
         period = 1.0 / self.config.control_hz
         self._next_tick = max((self._next_tick or now) + period, now)
         self.clock.sleep_until(self._next_tick)
+
+    def _wants_next_chunk(self) -> bool:
+        return self._chunk is None or len(self._chunk.actions) - self._index <= self.config.execution_horizon
 
     def _waiting(self) -> bool:
         """No action this tick: no chunk yet, the chunk ran out, or `sync` waits for its reply."""

@@ -31,15 +31,15 @@ class _Delivered:
 
 
 class DelayedRequests:
-    """Answers each observation at once (the clock stands still) and hands the reply to the robot at the
-    control tick after `delay_steps` more actions: the observation is taken after tick k's action, the
-    reply is there at tick k + 1 + delay_steps."""
+    """Answers each observation at once (the clock stands still) and hands the reply to the robot after
+    `delay_steps` more actions: the observation is taken before tick k's action, the reply is there at
+    tick k + delay_steps."""
 
     def __init__(
         self, infer: Callable[[dict], Mapping[str, Any]], clock: SimClock, delay_steps: int, control_hz: float
     ):
         self._infer, self._clock = infer, clock
-        self._latency_s = (delay_steps + 1) / control_hz
+        self._latency_s = delay_steps / control_hz
 
     def submit(self, obs: dict) -> _Delivered:
         return _Delivered(self._clock, self._clock.now() + self._latency_s, self._infer(obs))
