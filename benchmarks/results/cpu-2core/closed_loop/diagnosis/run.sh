@@ -39,9 +39,10 @@ for execution in sync naive rtc; do
     --execution=$execution --delay_steps=2 --execution_horizon=7 2>/dev/null
 done
 # Fewer actions left at the request (E = 5 and 4, so each chunk runs one or two actions longer) at d = 2
-# and 3 (at d = 3 with E = 5 naive and rtc had overtaken sync above), and d = H/2 = 5 with E = 5, the
-# only E at which a chunk lasts until the next one arrives there.
-for de in 2:5 2:4 3:4 5:5; do
+# and 3 (at d = 3 with E = 5 naive and rtc had overtaken sync above), d = 4 with the default E and with
+# E = 5, and d = H/2 = 5 with E = 5 (with one request in flight every E >= 5 asks at once after a switch
+# there, so E = 6 is the same loop after the first chunk).
+for de in 2:5 2:4 3:4 4:6 4:5 5:5; do
   d=${de%:*} e=${de#*:}
   for execution in sync naive rtc; do
     python scripts/eval_table.py --episodes=1000 --seed=0 --out="$out/${execution}_d${d}_e${e}_1000" \

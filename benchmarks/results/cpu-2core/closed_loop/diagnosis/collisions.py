@@ -1,0 +1,117 @@
+"""What precedes a collision on the detour task: a change of side between the chunk the gripper was
+executing and the chunk before it, or none (the executed chunk itself leads into the block). Runs the
+closed loop as `eval_table.py` does (same held-out scenes and noise streams, seed 0, 200 episodes per
+row) and prints one table row per setting; writes collisions.json next to this file.
+
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.py
+
+A chunk's side is where its actions within 0.1 of the block's height pass the block's centre (left or
+right by more than 0.05; none when no action is that close to the block's height).
+"""
+
+import json
+import pathlib
+
+import numpy as np
+import tqdm
+
+from oxygen_jax.client import simulated
+from oxygen_jax.policies import rtc
+from oxygen_jax.policies.policy import Policy
+from oxygen_jax.table_task import closed_loop, detour
+
+HERE = pathlib.Path(__file__).resolve().parent
+EPISODES = 200
+SETTINGS = [  # execution, d, E
+    ("sync", 0, 6),
+    ("naive", 4, 6),
+    ("rtc", 4, 6),
+    ("naive", 4, 5),
+    ("rtc", 4, 5),
+    ("naive", 5, 5),
+    ("rtc", 5, 5),
+]
+
+
+def side(scene: detour.DetourScene, actions: np.ndarray) -> int:
+    near = np.abs(actions[:, 1] - scene.block[1]) <= 0.1
+    if not near.any():
+        return 0
+    dx = float(actions[near, 0].mean() - scene.block[0])
+    return 0 if abs(dx) <= 0.05 else int(np.sign(dx))
+
+
+class RecordingWorld(closed_loop.DetourWorld):
+    def __init__(self, scene: detour.DetourScene):
+        super().__init__(scene)
+        self.commanded: list[np.ndarray] = []
+
+    def act(self, action: np.ndarray) -> None:
+        if not self.collided:
+            self.commanded.append(np.asarray(action)[:2].copy())
+        super().act(action)
+
+
+def collision_after_side_change(
+    scene: detour.DetourScene, chunks: list[np.ndarray], last_action: np.ndarray
+) -> bool:
+    """Whether the chunk that commanded the colliding move and the chunk before it pass different sides."""
+    commanded_it = [(chunk[:, :2] == last_action).all(axis=1).any() for chunk in chunks]
+    index = len(chunks) - 1 - commanded_it[::-1].index(True)
+    if index == 0:
+        return False
+    before, now = side(scene, chunks[index - 1]), side(scene, chunks[index])
+    return bool(before and now and before != now)
+
+
+def run(policy: Policy, execution: str, delay: int, horizon: int) -> dict:
+    stream = detour.scenes(detour.HELD_OUT_SEED)
+    collisions = after_change = 0
+    for index in tqdm.trange(EPISODES, desc=f"{execution} d={delay} E={horizon}"):
+        scene = next(stream)
+        infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng((0, index)))
+        chunks: list[np.ndarray] = []
+
+        def recording(obs, infer=infer, chunks=chunks):
+            reply = infer(obs)
+            chunks.append(np.asarray(reply["actions"]))
+            return reply
+
+        world = RecordingWorld(scene)
+        simulated.run(
+            world,
+            recording,
+            execution=execution,
+            delay_steps=delay,
+            execution_horizon=horizon,
+            control_hz=closed_loop.CONTROL_HZ,
+            max_ticks=closed_loop.MAX_STEPS,
+        )
+        if world.collided:
+            collisions += 1
+            after_change += collision_after_side_change(scene, chunks, world.commanded[-1])
+    return {
+        "execution": execution,
+        "delay_steps": delay,
+        "execution_horizon": horizon,
+        "episodes": EPISODES,
+        "collisions": collisions,
+        "after_a_side_change": after_change,
+    }
+
+
+def main() -> None:
+    policy = closed_loop.load_policy("pi05_detour", None)
+    rows = [run(policy, *setting) for setting in SETTINGS]
+    print("| mode | d | E | collisions (of 200) | after a change of side |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r['execution']} | {r['delay_steps']} | {r['execution_horizon']} | {r['collisions']} |"
+            f" {r['after_a_side_change']} |"
+        )
+    (HERE / "collisions.json").write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
