@@ -178,8 +178,8 @@ class Executor:
         executes one action (or stalls), then waits for the next tick.
 
         The observation is taken before this tick's action, so a request can leave in the tick that
-        switched chunks: a reply d ticks later then finds d actions executed, and a chunk whose last
-        d actions are left when it starts lasts until the next one arrives (no stall at d = E)."""
+        switched chunks: a reply d ticks later then finds d actions executed, and a chunk that starts
+        with d actions left lasts until the next one arrives (no stall at d = E)."""
         if self._in_flight is not None:
             self._take_reply()
         if self._in_flight is None and self._wants_next_chunk():
