@@ -42,13 +42,15 @@ def side(scene: detour.DetourScene, actions: np.ndarray) -> int:
 
 
 class RecordingWorld(closed_loop.DetourWorld):
+    """Keeps the last position commanded before the gripper stopped: the colliding move's, if it collided."""
+
     def __init__(self, scene: detour.DetourScene):
         super().__init__(scene)
-        self.commanded: list[np.ndarray] = []
+        self.last_commanded: np.ndarray | None = None
 
     def act(self, action: np.ndarray) -> None:
         if not self.collided:
-            self.commanded.append(np.asarray(action)[:2].copy())
+            self.last_commanded = np.asarray(action)[:2].copy()
         super().act(action)
 
 
@@ -89,7 +91,7 @@ def run(policy: Policy, execution: str, delay: int, horizon: int) -> dict:
         )
         if world.collided:
             collisions += 1
-            after_change += collision_after_side_change(scene, chunks, world.commanded[-1])
+            after_change += collision_after_side_change(scene, chunks, world.last_commanded)
     return {
         "execution": execution,
         "delay_steps": delay,
@@ -103,7 +105,7 @@ def run(policy: Policy, execution: str, delay: int, horizon: int) -> dict:
 def main() -> None:
     policy = closed_loop.load_policy("pi05_detour", None)
     rows = [run(policy, *setting) for setting in SETTINGS]
-    print("| mode | d | E | collisions (of 200) | after a change of side |")
+    print(f"| mode | d | E | collisions (of {EPISODES}) | after a change of side |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(
