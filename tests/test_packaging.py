@@ -50,6 +50,19 @@ def test_installed_wheel_loads_a_config_by_name(installed, tmp_path):
         assert repr(name) in loaded
 
 
+def test_installed_wheel_carries_every_shipped_checkpoint(installed):
+    """Every config whose checkpoint ships in the package finds all of its files in the wheel."""
+    from oxygen_jax import config
+
+    package = ROOT / "src" / "oxygen_jax"
+    shipped = [c.checkpoint_dir for c in map(config.load_config, config.known_configs()) if c.checkpoint_dir]
+    assert {pathlib.Path(d).name for d in shipped} >= {"pi05_demo", "pi05_detour", "pi05_detour_wide"}
+    for checkpoint in map(pathlib.Path, shipped):
+        files = sorted(p.relative_to(package) for p in checkpoint.rglob("*") if p.is_file())
+        assert files, checkpoint
+        assert all((installed / "oxygen_jax" / f).is_file() for f in files), checkpoint
+
+
 def test_installed_wheel_declares_apache_2_and_carries_the_license(installed):
     (dist_info,) = installed.glob("oxygen_jax-*.dist-info")
     assert "License-Expression: Apache-2.0" in (dist_info / "METADATA").read_text().splitlines()
