@@ -1,9 +1,11 @@
 """What precedes a collision on the detour task: a change of side between the chunk the gripper was
 executing and the chunk before it, or none (the executed chunk itself leads into the block). Runs the
 closed loop as `eval_table.py` does (same held-out scenes and noise streams, seed 0, 200 episodes per
-row) and prints one table row per setting; writes collisions.json next to this file.
+row) and prints one table row per setting; writes collisions.json next to this file. With a config
+name and a number of episodes, that model's rows go to collisions_<config>.json:
 
   python benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.py
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.py pi05_detour_wide 1000
 
 A chunk's side is where its actions within 0.1 of the block's height pass the block's centre (left or
 right by more than 0.05; none when no action is that close to the block's height).
@@ -11,6 +13,7 @@ right by more than 0.05; none when no action is that close to the block's height
 
 import json
 import pathlib
+import sys
 
 import numpy as np
 import tqdm
@@ -66,10 +69,10 @@ def collision_after_side_change(
     return bool(before and now and before != now)
 
 
-def run(policy: Policy, execution: str, delay: int, horizon: int) -> dict:
+def run(policy: Policy, execution: str, delay: int, horizon: int, episodes: int) -> dict:
     stream = detour.scenes(detour.HELD_OUT_SEED)
     collisions = after_change = 0
-    for index in tqdm.trange(EPISODES, desc=f"{execution} d={delay} E={horizon}"):
+    for index in tqdm.trange(episodes, desc=f"{execution} d={delay} E={horizon}"):
         scene = next(stream)
         infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng((0, index)))
         chunks: list[np.ndarray] = []
@@ -96,24 +99,25 @@ def run(policy: Policy, execution: str, delay: int, horizon: int) -> dict:
         "execution": execution,
         "delay_steps": delay,
         "execution_horizon": horizon,
-        "episodes": EPISODES,
+        "episodes": episodes,
         "collisions": collisions,
         "after_a_side_change": after_change,
     }
 
 
-def main() -> None:
-    policy = closed_loop.load_policy("pi05_detour", None)
-    rows = [run(policy, *setting) for setting in SETTINGS]
-    print(f"| mode | d | E | collisions (of {EPISODES}) | after a change of side |")
+def main(config_name: str = "pi05_detour", episodes: int = EPISODES) -> None:
+    policy = closed_loop.load_policy(config_name, None)
+    rows = [run(policy, *setting, episodes) for setting in SETTINGS]
+    print(f"| mode | d | E | collisions (of {episodes}) | after a change of side |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['execution']} | {r['delay_steps']} | {r['execution_horizon']} | {r['collisions']} |"
             f" {r['after_a_side_change']} |"
         )
-    (HERE / "collisions.json").write_text(json.dumps(rows, indent=1) + "\n")
+    name = "collisions.json" if config_name == "pi05_detour" else f"collisions_{config_name}.json"
+    (HERE / name).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    main(*sys.argv[1:2], *map(int, sys.argv[2:3]))
