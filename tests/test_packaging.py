@@ -8,6 +8,8 @@ import sys
 import pytest
 from conftest import project_copy
 
+from oxygen_jax import config
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -52,9 +54,7 @@ def test_installed_wheel_loads_a_config_by_name(installed, tmp_path):
 
 def test_installed_wheel_carries_every_shipped_checkpoint(installed):
     """Every config whose checkpoint ships in the package finds all of its files in the wheel."""
-    from oxygen_jax import config
-
-    package = ROOT / "src" / "oxygen_jax"
+    package = pathlib.Path(config.__file__).parent
     shipped = [c.checkpoint_dir for c in map(config.load_config, config.known_configs()) if c.checkpoint_dir]
     assert {pathlib.Path(d).name for d in shipped} >= {"pi05_demo", "pi05_detour", "pi05_detour_wide"}
     for checkpoint in map(pathlib.Path, shipped):
