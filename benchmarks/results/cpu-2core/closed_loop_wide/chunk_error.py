@@ -14,6 +14,7 @@ import numpy as np
 import tqdm
 
 from oxygen_jax.policies import rtc
+from oxygen_jax.policies.policy import Policy
 from oxygen_jax.table_task import closed_loop, detour
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -21,14 +22,13 @@ SCENES = 40
 STRIDE = 3
 
 
-def chunk_errors(config_name: str, scene_seed: int) -> np.ndarray:
+def chunk_errors(policy: Policy, scene_seed: int, label: str) -> np.ndarray:
     """[chunks, H] error per chunk and index, on the scenes of `scene_seed`."""
-    policy = closed_loop.load_policy(config_name, None)
     horizon = policy.engine.config.action_horizon
     infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng(0))
     stream = detour.scenes(scene_seed)
     errors = []
-    for _ in tqdm.trange(SCENES, desc=config_name, unit="scene"):
+    for _ in tqdm.trange(SCENES, desc=label, unit="scene"):
         scene = next(stream)
         paths = [scene.path(side) for side in detour.SIDES]
         # Each demonstration held at the cube past its end, so every step of a chunk has a target.
@@ -46,8 +46,9 @@ def chunk_errors(config_name: str, scene_seed: int) -> np.ndarray:
 def main() -> None:
     rows = []
     for name in ("pi05_detour", "pi05_detour_wide"):
+        policy = closed_loop.load_policy(name, None)
         for scenes, seed in (("held-out", detour.HELD_OUT_SEED), ("training", detour.TRAIN_SEED)):
-            errors = chunk_errors(name, seed)
+            errors = chunk_errors(policy, seed, f"{name}, {scenes}")
             rows.append(
                 {
                     "model": name,
