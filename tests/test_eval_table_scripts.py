@@ -33,6 +33,7 @@ def test_eval_table_writes_results_json(tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert set(results) >= CLOSED_LOOP_FIELDS
     assert results["noise_dims"] == 2
+    assert (results["config"], results["rtc_method"]) == ("pi05_detour", "guided")
     assert (results["execution"], results["delay_steps"], results["episodes"]) == ("rtc", 3, 3)
     assert results["action_horizon"] == 10 and results["execution_horizon"] == 6
     assert (results["rtc_schedule"], results["max_guidance_weight"], results["prefix_horizon"]) == (

@@ -48,6 +48,9 @@ def base_config() -> ml_collections.ConfigDict:
     # "bidirectional" (openpi's prefix) or "causal_text" (text tokens causal inside the prefix).
     c.model.prefix_attention = "bidirectional"
     c.model.discrete_state_input = True
+    # > 0: trained with up to this many leading actions given clean; real-time chunking then conditions on
+    # them instead of guiding (`Pi05Config.max_clean_prefix`, docs/rtc.md).
+    c.model.max_clean_prefix = 0
     c.num_steps = 10
     # None: openpi's cache (see oxygen_jax.tokenizer); "standin": the bundled 1024-piece stand-in.
     c.tokenizer_path = ml_collections.FieldReference(None, field_type=str)
@@ -154,6 +157,7 @@ def model_config(cfg: ml_collections.ConfigDict) -> pi05.Pi05Config:
         image_size=m.image_size,
         dtype=resolve_dtype(m.dtype),
         prefix_attention=m.prefix_attention,
+        max_clean_prefix=m.max_clean_prefix,
     )
 
 

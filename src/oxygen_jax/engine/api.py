@@ -97,13 +97,14 @@ def guidance_columns(
     rows: Sequence[ChunkGuidance | None], batch: int, horizon: int, action_dim: int
 ) -> dict[str, np.ndarray]:
     """The per-row arrays of `guidance.Guidance` for a batch of `batch` rows: row i is guided as rows[i]
-    says; None and rows beyond `rows` (padding) get zero weights, i.e. plain actions."""
+    says; None and rows beyond `rows` (padding) get zero weights and nothing frozen, i.e. plain actions."""
     if len(rows) > batch:
         raise ValueError(f"{len(rows)} guidance rows for a batch of {batch}")
     columns = {
         "prev_chunk": np.zeros((batch, horizon, action_dim), np.float32),
         "weights": np.zeros((batch, horizon), np.float32),
         "max_guidance_weight": np.ones(batch, np.float32),
+        "frozen": np.zeros((batch, horizon), bool),
     }
     for i, row in enumerate(rows):
         if row is None:
@@ -112,6 +113,7 @@ def guidance_columns(
         columns["prev_chunk"][i] = row.prev_chunk
         columns["weights"][i] = prefix_weights(row.delay, row.horizon, horizon, row.schedule)
         columns["max_guidance_weight"][i] = row.max_guidance_weight
+        columns["frozen"][i] = np.arange(horizon) < row.delay
     return columns
 
 

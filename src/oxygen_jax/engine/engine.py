@@ -61,6 +61,7 @@ class Engine:
         self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
         self._denoise = jax.jit(pi05.denoise, static_argnames="config")
         self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames="config")
+        self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames="config")
         self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
         self._score = jax.jit(language.score, static_argnames="config")
         self._init_state = (
@@ -124,13 +125,18 @@ class Engine:
     ) -> jax.Array:
         """Plain denoising unless some row carries non-zero prefix weights; then one guided program for the
         whole batch, where rows without guidance get zero weights, hence the plain program's actions bit for
-        bit. A batch with no guided row runs the plain program, at no extra cost."""
+        bit. A batch with no guided row runs the plain program, at no extra cost. A model trained with a
+        clean prefix (`max_clean_prefix` > 0) conditions on the rows' frozen actions instead of guiding
+        (`guidance.conditioned_denoise`), from delay 1 on."""
         inputs = dict(params=self.params, config=self.config, cache=cache, noise=self._place_rows(noise))
         columns = api.guidance_columns(guidance, *noise.shape)
-        if not columns["weights"].any():
+        program, active = self._guided_denoise, columns["weights"]
+        if self.config.max_clean_prefix:
+            program, active = self._conditioned_denoise, columns["frozen"]
+        if not active.any():
             return self._denoise(**inputs, num_steps=num_steps)
         rows = self._place_rows({k: jnp.asarray(v) for k, v in columns.items()})
-        return self._guided_denoise(**inputs, num_steps=num_steps, guidance=guidance_lib.Guidance(**rows))
+        return program(**inputs, num_steps=num_steps, guidance=guidance_lib.Guidance(**rows))
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
         return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))

@@ -8,6 +8,10 @@ float32 order follow Physical-Intelligence/real-time-chunking-kinetix (`get_pref
 v = noise - actions. Every setting is per row (the prefix weights are data), so robots with different
 delays, schedules and weights share one compiled program; a row whose weights are all 0 gets the plain
 program's actions bit for bit (and a batch with no guided row runs the plain program).
+
+A model trained with a clean prefix (`Pi05Config.max_clean_prefix` > 0) needs no guidance: its
+`conditioned_denoise` enters the `delay` actions the robot executes meanwhile as they are (flow time 0 on
+their tokens) and samples the rest of the chunk given them, at a plain step's cost.
 """
 
 import math
@@ -27,11 +31,13 @@ SCHEDULES = ("exp", "linear", "ones", "zeros")
 class Guidance:
     """Per-row guidance inputs. prev_chunk [B, H, A] float32: the previous chunk in model space, aligned so
     that prev_chunk[b, i] is what the robot executes at the new chunk's index i; weights [B, H] float32
-    (`prefix_weights`; all 0: the row's plain actions); max_guidance_weight [B] float32 (beta)."""
+    (`prefix_weights`; all 0: the row's plain actions); max_guidance_weight [B] float32 (beta); frozen
+    [B, H] bool: the row's first `delay` indices, which `conditioned_denoise` takes from prev_chunk."""
 
     prev_chunk: jax.Array
     weights: jax.Array
     max_guidance_weight: jax.Array
+    frozen: jax.Array
 
 
 def prefix_weights(delay: int, horizon: int, total: int, schedule: str = "exp") -> np.ndarray:
@@ -94,17 +100,36 @@ def guided_denoise(
 ) -> jax.Array:
     """`pi05.denoise` with every step's velocity guided towards `guidance.prev_chunk`; num_steps may be
     traced. Actions [B, H, A]."""
-    dt = (-1.0 / jnp.asarray(num_steps, jnp.float32)).astype(jnp.float32)
 
     def velocity(x, time):
         return pi05.predict_velocity(params, config, cache, x, jnp.broadcast_to(time, x.shape[:1]))
 
-    def step(carry):
-        x_t, time = carry
-        v = guided_velocity(
+    def guided(x_t, time):
+        return guided_velocity(
             velocity, x_t, time, guidance.prev_chunk, guidance.weights, guidance.max_guidance_weight
         )
-        return x_t + dt * v, time + dt
 
-    x_0, _ = jax.lax.while_loop(lambda c: c[1] >= -dt / 2, step, (noise, jnp.float32(1.0)))
-    return x_0
+    return pi05.integrate_flow(guided, noise, num_steps)
+
+
+def conditioned_denoise(
+    params: dict,
+    config: pi05.Pi05Config,
+    cache: pi05.PrefixCache,
+    noise: jax.Array,
+    num_steps: int | jax.Array,
+    guidance: Guidance,
+) -> jax.Array:
+    """`pi05.denoise` for a model trained with a clean prefix: every step sees each row's frozen actions as
+    `guidance.prev_chunk` has them, at time 0, and the other actions at the step's time; the chunk returned
+    keeps the frozen actions exactly. Rows freeze at most `config.max_clean_prefix` actions (what training
+    covered; a longer delay conditions on that many). A row with none frozen gets the plain actions, to
+    float32 rounding (its time embedding is computed per token). Actions [B, H, A]."""
+    frozen = guidance.frozen & (jnp.arange(config.action_horizon) < config.max_clean_prefix)
+
+    def conditioned(x_t, time):
+        x_in = jnp.where(frozen[..., None], guidance.prev_chunk, x_t)
+        return pi05.predict_velocity(params, config, cache, x_in, jnp.where(frozen, 0.0, time))
+
+    x_0 = pi05.integrate_flow(conditioned, noise, num_steps)
+    return jnp.where(frozen[..., None], guidance.prev_chunk, x_0)

@@ -125,7 +125,9 @@ class RMSNorm(nn.Module):
             scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
             return (normed * (1 + scale)).astype(dtype), None
         modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
-        scale, shift, gate = jnp.split(modulation[:, None, :], 3, axis=-1)
+        if modulation.ndim == 2:  # one condition per row, else one per token
+            modulation = modulation[:, None, :]
+        scale, shift, gate = jnp.split(modulation, 3, axis=-1)
         return (normed * (1 + scale) + shift).astype(dtype), gate
 
 

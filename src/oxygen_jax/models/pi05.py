@@ -8,6 +8,7 @@ The prefix (camera tokens + prompt tokens) runs once through the PaliGemma exper
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import flax.linen as nn
 import flax.struct
@@ -37,11 +38,19 @@ class Pi05Config:
     # True: layers stacked over depth and scanned (openpi's param tree, as checkpoints store it); False:
     # one param tree per layer run as a loop (`runtime_layout`, which the engine uses).
     scan_layers: bool = True
+    # > 0: trained with up to this many leading actions of the chunk given clean (flow time 0 on their
+    # tokens, `training/loss.py`), so real-time chunking conditions on the actions the robot executes
+    # meanwhile instead of guiding towards them (`engine/guidance.py`).
+    max_clean_prefix: int = 0
 
     def __post_init__(self):
         if self.prefix_attention not in ("bidirectional", "causal_text"):
             raise ValueError(
                 f"prefix_attention must be 'bidirectional' or 'causal_text', got {self.prefix_attention!r}"
+            )
+        if not 0 <= self.max_clean_prefix < self.action_horizon:
+            raise ValueError(
+                f"max_clean_prefix must lie in [0, {self.action_horizon - 1}], got {self.max_clean_prefix}"
             )
 
     @property
@@ -301,22 +310,24 @@ def prefill(
 
 
 def posemb_sincos(t: jax.Array, width: int, min_period: float, max_period: float) -> jax.Array:
-    """Sine-cosine embedding of scalar times t [B] -> [B, width]."""
+    """Sine-cosine embedding of times t [B] (or [B, H], one per token) -> [..., width]."""
     fraction = jnp.linspace(0.0, 1.0, width // 2)
     period = min_period * (max_period / min_period) ** fraction
-    angles = jnp.einsum("i,j->ij", t, 1.0 / period * 2 * jnp.pi, precision=jax.lax.Precision.HIGHEST)
+    angles = jnp.einsum("...,j->...j", t, 1.0 / period * 2 * jnp.pi, precision=jax.lax.Precision.HIGHEST)
     return jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
 
 
 def embed_suffix(params: dict, config: Pi05Config, x_t: jax.Array, time: jax.Array):
-    """Noisy actions [B, H, A] and time [B] -> (action tokens [B, H, D], adaRMS condition [B, D])."""
+    """Noisy actions [B, H, A] and time [B] (or [B, H]) -> (action tokens [B, H, D], adaRMS condition
+    [B, D] (or [B, H, D]))."""
     return _apply(params, config, Pi05.embed_suffix, x_t, time)
 
 
 def predict_velocity(
     params: dict, config: Pi05Config, cache: PrefixCache, x_t: jax.Array, time: jax.Array
 ) -> jax.Array:
-    """Flow velocity v_t [B, H, A]: action tokens see every valid prefix column and each other."""
+    """Flow velocity v_t [B, H, A]: action tokens see every valid prefix column and each other. time is
+    [B], or [B, H] for a time per action token (a clean prefix, `Pi05Config.max_clean_prefix`)."""
     return _apply(params, config, Pi05.predict_velocity, cache, x_t, time)
 
 
@@ -324,12 +335,23 @@ def denoise(
     params: dict, config: Pi05Config, cache: PrefixCache, noise: jax.Array, num_steps: int | jax.Array
 ) -> jax.Array:
     """Euler integration of the flow from t=1 (noise) to t=0 (actions). num_steps may be traced."""
+
+    def velocity(x_t, time):
+        return predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
+
+    return integrate_flow(velocity, noise, num_steps)
+
+
+def integrate_flow(
+    velocity: Callable[[jax.Array, jax.Array], jax.Array], noise: jax.Array, num_steps: int | jax.Array
+) -> jax.Array:
+    """Euler steps of velocity(x_t, t) (t a float32 scalar) from t=1 (noise) to t=0, dt = -1/num_steps as
+    openpi steps (num_steps may be traced): every denoiser's loop (plain, guided, conditioned)."""
     dt = (-1.0 / jnp.asarray(num_steps, jnp.float32)).astype(jnp.float32)
 
     def step(carry):
         x_t, time = carry
-        v_t = predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
-        return x_t + dt * v_t, time + dt
+        return x_t + dt * velocity(x_t, time), time + dt
 
     x_0, _ = jax.lax.while_loop(lambda c: c[1] >= -dt / 2, step, (noise, jnp.float32(1.0)))
     return x_0

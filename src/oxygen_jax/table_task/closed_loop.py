@@ -152,6 +152,8 @@ def evaluate(
         "episodes": episodes,
         "seed": seed,
         "max_steps": max_steps,
+        # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix.
+        "rtc_method": "conditioned" if policy.engine.config.max_clean_prefix else "guided",
         **guidance.fields(),
         **summarize(runs),
     }

@@ -6,8 +6,9 @@ The gripper must reach a red cube behind a block, around either side (oxygen_jax
 robot runs `client.Executor` in the given mode on a simulated clock: while the next chunk is inferred the
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
-delay_steps, action_horizon, episodes (and collision_rate, left_share, switches, execution_horizon, and
-the guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, and noise_dims).
+delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
+execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix) and the
+guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, and noise_dims).
 
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
@@ -56,7 +57,7 @@ def main(_):
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
-    results = closed_loop.evaluate(
+    results = {"config": _CONFIG.value} | closed_loop.evaluate(
         policy,
         execution=_EXECUTION.value,
         delay_steps=delay,

@@ -19,6 +19,11 @@
 Noise and time come from `batch.noise`/`batch.time` when given, else from `rng` exactly as the OxyGen
 fork draws them (so one key gives the same draw as upstream). Everything is a pure function of
 (params, batch, rng): jit it with `config` and `loss_config` static.
+
+A model with `max_clean_prefix` = m > 0 learns to continue a chunk whose start is given (real-time
+chunking by conditioning, docs/rtc.md): each example draws d uniformly from 0..m (from its own stream of
+`rng`, so noise and time are drawn as above); its first d action tokens get the clean actions at time 0,
+and loss_flow averages over the other tokens only.
 """
 
 import dataclasses
@@ -29,6 +34,8 @@ import jax.numpy as jnp
 
 from oxygen_jax.models import pi05
 from oxygen_jax.training.batch import TrainBatch
+
+_CLEAN_PREFIX_STREAM = 1  # fold_in index of the clean-prefix draw
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,15 @@ def sample_noise_and_time(rng: jax.Array, action_shape: tuple[int, ...]) -> tupl
     noise = jax.random.normal(noise_rng, action_shape)
     time = jax.random.beta(time_rng, 1.5, 1, action_shape[:-2]) * 0.999 + 0.001
     return noise, time
+
+
+def sample_clean_prefix(rng: jax.Array, batch: int, horizon: int, max_clean_prefix: int) -> jax.Array:
+    """[B, H] bool: the first d ~ U{0..max_clean_prefix} tokens of each row (a stream of `rng` apart from
+    the noise and time draws)."""
+    delay = jax.random.randint(
+        jax.random.fold_in(rng, _CLEAN_PREFIX_STREAM), (batch,), 0, max_clean_prefix + 1
+    )
+    return jnp.arange(horizon)[None, :] < delay[:, None]
 
 
 def _text_cross_entropy(
@@ -104,9 +120,19 @@ def compute_loss(
     t = time[:, None, None]
     x_t = t * noise + (1 - t) * batch.actions
     u_t = noise - batch.actions
-    v_t = pi05.predict_velocity(params, config, cache, x_t, time)
     dims = loss_config.real_action_dim or config.action_dim
-    flow = jnp.mean(jnp.square(v_t[..., :dims] - u_t[..., :dims]).astype(jnp.float32), axis=(1, 2))
+    if config.max_clean_prefix:
+        if rng is None:
+            raise ValueError("compute_loss needs an rng to draw the clean prefix of max_clean_prefix > 0")
+        clean = sample_clean_prefix(rng, batch.size, config.action_horizon, config.max_clean_prefix)
+        x_t = jnp.where(clean[..., None], batch.actions, x_t)
+        v_t = pi05.predict_velocity(params, config, cache, x_t, jnp.where(clean, 0.0, time[:, None]))
+        token_error = jnp.mean(jnp.square(v_t[..., :dims] - u_t[..., :dims]).astype(jnp.float32), axis=-1)
+        free = (~clean).astype(jnp.float32)
+        flow = jnp.sum(token_error * free, axis=1) / jnp.sum(free, axis=1)
+    else:
+        v_t = pi05.predict_velocity(params, config, cache, x_t, time)
+        flow = jnp.mean(jnp.square(v_t[..., :dims] - u_t[..., :dims]).astype(jnp.float32), axis=(1, 2))
 
     loss = loss_config.text_loss_weight * ce + loss_config.action_loss_weight * flow
     return LossTerms(loss=loss, loss_flow=flow, loss_ce=ce, x_t=x_t, token_logprob=token_logprob)

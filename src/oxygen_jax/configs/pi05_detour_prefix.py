@@ -1,0 +1,22 @@
+"""`pi05_detour_wide` trained to continue a chunk whose first actions are given: real-time chunking by
+conditioning instead of guidance.
+
+Each training example gives the model its first d ~ U{0..5} actions clean (flow time 0 on their tokens)
+and trains the flow on the rest (`training/loss.py`), so at inference the d actions the robot executes
+while the chunk is computed enter the model as they are and the rest of the chunk is sampled given them
+(`engine/guidance.py`, `conditioned_denoise`): up to d = H/2, and at no cost over plain denoising. Its
+trained checkpoint ships in the package (oxygen_jax/assets/pi05_detour_prefix); docs/rtc.md compares it
+with guidance.
+"""
+
+import pathlib
+
+from oxygen_jax.configs import pi05_detour_wide
+
+
+def get_config():
+    c = pi05_detour_wide.get_config()
+    c.name = "pi05_detour_prefix"
+    c.model.max_clean_prefix = c.model.action_horizon // 2
+    c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_detour_prefix")
+    return c
