@@ -187,6 +187,7 @@ def test_delay_from_latency_rounds_up_to_control_steps():
 def test_plot_draws_every_mode(tmp_path):
     rows = [
         {
+            "config": "pi05_detour",
             "execution": mode,
             "delay_steps": d,
             "success_rate": 1.0,

@@ -1,5 +1,6 @@
-"""The guided-denoise cost benchmark (benchmarks/rtc_cost.py) on the tiny model: both programs compiled
-before measuring, every call timed, the ratios computed from the medians, the FLOPs of one step each."""
+"""The real-time-chunking cost benchmark (benchmarks/rtc_cost.py) on the tiny model: the plain, guided and
+conditioned programs compiled before measuring, every call timed, the ratios computed from the medians,
+the FLOPs of one plain and one guided step."""
 
 import statistics
 
@@ -16,6 +17,8 @@ def test_cost_of_guidance_is_measured_without_compiling(golden_params, tiny_conf
     measured = rtc_cost.measure_batch(engine, 2, rtc_cost.Setting(batches=(2,), reps=3))
     assert measured["compiles_while_measuring"] == 0
     assert len(measured["plain_ms_all"]) == len(measured["guided_ms_all"]) == 3
+    assert len(measured["conditioned_ms_all"]) == 3
+    assert measured["conditioned_over_plain"] == measured["conditioned_ms"] / measured["plain_ms"]
     assert measured["plain_ms"] == statistics.median(measured["plain_ms_all"])
     assert measured["guided_over_plain"] == measured["guided_ms"] / measured["plain_ms"]
     assert abs(measured["added_over_plain"] - (measured["guided_over_plain"] - 1)) < 1e-12

@@ -1,8 +1,11 @@
-"""What real-time chunking costs on the action path: guided against plain denoising, same batch.
+"""What real-time chunking costs on the action path: guided and conditioned against plain denoising, same
+batch.
 
-Plain and guided calls alternate on the same prefix cache and noise, so a shared machine's load hits both
-alike; each batch reports the median of its calls. The issue's target: guidance adds at most 1.5x the
-plain denoise time (`added_over_plain` <= 1.5).
+Plain, guided and conditioned calls alternate on the same prefix cache and noise, so a shared machine's
+load hits them alike; each batch reports the median of its calls. The issue's target: guidance adds at
+most 1.5x the plain denoise time (`added_over_plain` <= 1.5). Conditioning (`guidance.conditioned_denoise`,
+for a model trained with a clean prefix) runs here on the same weights with `max_clean_prefix` = H/2: its
+cost does not depend on what the weights learned.
 """
 
 import dataclasses
@@ -75,9 +78,23 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
     cache = engine.prefill(inputs.observation_from_arrays(arrays, engine.config))
     noise = engine.noise(jax.random.key(setting.seed), batch)
     guided_rows = _guidance(engine, batch, setting.seed)
+    conditioned_config = dataclasses.replace(
+        engine.config, max_clean_prefix=engine.config.action_horizon // 2
+    )
+    columns = api.guidance_columns(guided_rows, *noise.shape)
+    rows_in = guidance.Guidance(**{k: jnp.asarray(v) for k, v in columns.items()})
+    conditioned = jax.jit(guidance.conditioned_denoise, static_argnames="config")
     calls = {
         "plain": lambda: engine.denoise(cache, noise, setting.num_steps),
         "guided": lambda: engine.denoise(cache, noise, setting.num_steps, guided_rows),
+        "conditioned": lambda: conditioned(
+            params=engine.params,
+            config=conditioned_config,
+            cache=cache,
+            noise=noise,
+            num_steps=setting.num_steps,
+            guidance=rows_in,
+        ),
     }
     for call in calls.values():
         jax.block_until_ready(call())
@@ -86,15 +103,16 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
         for _ in range(setting.reps):
             for name, call in calls.items():
                 times[name].append(_seconds(call))
-    plain, guided = (statistics.median(times[name]) * 1e3 for name in calls)
+    plain, guided, conditioned_ms = (statistics.median(times[name]) * 1e3 for name in calls)
     return {
         "batch": batch,
         "plain_ms": plain,
         "guided_ms": guided,
         "guided_over_plain": guided / plain,
         "added_over_plain": (guided - plain) / plain,
-        "plain_ms_all": [t * 1e3 for t in times["plain"]],
-        "guided_ms_all": [t * 1e3 for t in times["guided"]],
+        "conditioned_ms": conditioned_ms,
+        "conditioned_over_plain": conditioned_ms / plain,
+        **{f"{name}_ms_all": [t * 1e3 for t in times[name]] for name in calls},
         "compiles_while_measuring": counter.count,
         **step_flops(engine, cache, noise, guided_rows),
     }

@@ -145,6 +145,7 @@ def evaluate(
             )
         )
     return {
+        "config": policy.metadata["config"],
         "execution": execution,
         "delay_steps": delay_steps,
         "action_horizon": policy.engine.config.action_horizon,

@@ -78,7 +78,7 @@ def plot(rows: Sequence[dict[str, Any]], path: pathlib.Path) -> None:
     first = rows[0]
     noise = "" if first.get("noise_dims") is None else f", noise on the first {first['noise_dims']} dims"
     figure.suptitle(
-        f"detour task, closed loop: H={first['action_horizon']}, execution horizon "
+        f"{first['config']} on the detour task, closed loop: H={first['action_horizon']}, execution horizon "
         f"{first['execution_horizon']}, {first['episodes']} episodes per point{noise}"
     )
     figure.tight_layout()

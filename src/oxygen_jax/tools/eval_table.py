@@ -57,7 +57,7 @@ def main(_):
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
-    results = {"config": _CONFIG.value} | closed_loop.evaluate(
+    results = closed_loop.evaluate(
         policy,
         execution=_EXECUTION.value,
         delay_steps=delay,
