@@ -56,7 +56,12 @@ def test_installed_wheel_carries_every_shipped_checkpoint(installed):
     """Every config whose checkpoint ships in the package finds all of its files in the wheel."""
     package = pathlib.Path(config.__file__).parent
     shipped = [c.checkpoint_dir for c in map(config.load_config, config.known_configs()) if c.checkpoint_dir]
-    assert {pathlib.Path(d).name for d in shipped} >= {"pi05_demo", "pi05_detour", "pi05_detour_wide"}
+    assert {pathlib.Path(d).name for d in shipped} >= {
+        "pi05_demo",
+        "pi05_detour",
+        "pi05_detour_wide",
+        "pi05_detour_prefix",
+    }
     for checkpoint in map(pathlib.Path, shipped):
         files = sorted(p.relative_to(package) for p in checkpoint.rglob("*") if p.is_file())
         assert files, checkpoint
