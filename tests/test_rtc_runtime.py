@@ -3,10 +3,11 @@
 The fake engine shows which program each batch runs (`guided_denoise` only when some row is guided) and
 what each row gets; the tiny golden model shows that a guided row's actions equal `Engine.denoise` of
 that row alone with the same guidance, and that after warm-up guided robots join and leave without
-compiling.
+compiling, with guidance and with conditioning alike.
 """
 
 import concurrent.futures
+import dataclasses
 
 import numpy as np
 import pytest
@@ -99,9 +100,11 @@ def test_guided_warm_up_runs_the_guided_program_at_every_prefill_size(tiny_confi
         assert [batch for name, batch in engine.calls if name == "guided_denoise"] == want
 
 
-@pytest.fixture(scope="module")
-def engine(golden_params, tiny_config):
-    return Engine(golden_params, tiny_config)
+@pytest.fixture(scope="module", params=[0, 5], ids=["guided", "conditioned"])
+def engine(request, golden_params, tiny_config):
+    """The golden engine, guiding (openpi's model) or conditioning (`max_clean_prefix` = 5: the RTC rows run
+    `guidance.conditioned_denoise`)."""
+    return Engine(golden_params, dataclasses.replace(tiny_config, max_clean_prefix=request.param))
 
 
 @pytest.fixture(scope="module")
