@@ -3,11 +3,15 @@ never crossed), the demonstrations, the world's moves, the delay semantics on an
 figures and plot the sweep writes."""
 
 import itertools
+import json
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from conftest import SCRIPTS
 
 from oxygen_jax.client import protocol, simulated
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep, detour, detour_dataset
@@ -75,6 +79,68 @@ def test_demonstrations_take_both_sides_and_act_the_next_position(tmp_path):
         sides.add("left" if beside.mean() < scene.block[0] else "right")
         assert set(table["task_index"]) == {0}
     assert sides == {"left", "right"}
+
+
+@pytest.mark.parametrize("turn_y", detour_dataset.RECOVERY_TURN_Y)
+def test_recovery_paths_overshoot_the_split_then_go_around_without_crossing_the_block(turn_y):
+    for scene in itertools.islice(detour.scenes(5), 100):
+        for side in detour.SIDES:
+            path = scene.recovery_path(side, turn_y)
+            np.testing.assert_allclose(path[0], scene.start, atol=1e-6)
+            np.testing.assert_allclose(path[-1], scene.goal, atol=1e-6)
+            steps = np.linalg.norm(np.diff(path, axis=0), axis=1)
+            assert steps.max() <= detour.SPEED + 1e-6
+            assert not any(scene.collides(a, b) for a, b in itertools.pairwise(path))
+            assert _distance_to_block(scene, path) >= 0.05 - 1e-6
+            # Straight on from the start down to turn_y, past where the demonstrations turn, then sideways.
+            above = path[path[:, 1] > turn_y + 1e-6]
+            np.testing.assert_allclose(above[:, 0], scene.start[0], atol=1e-6)
+            sideways = path[np.abs(path[:, 1] - turn_y) <= 1e-6]
+            assert np.abs(sideways[:, 0] - scene.start[0]).max() > detour.BLOCK_HALF[0]
+            beside = _beside_block(scene, path)[:, 0] - scene.block[0]
+            assert len(beside) and ((beside < 0) if side == "left" else (beside > 0)).all()
+
+
+def _episode(root, index: int) -> dict:
+    return pq.read_table(root / "data" / "chunk-000" / f"episode_{index:06d}.parquet").to_pydict()
+
+
+def test_recovery_episodes_start_past_the_split_and_leave_the_usual_ones_unchanged(tmp_path):
+    plain = detour_dataset.record_dataset(tmp_path / "plain", num_scenes=3, seed=3)
+    mixed = detour_dataset.record_dataset(tmp_path / "mixed", num_scenes=7, seed=3, recovery_scenes=4)
+    for index in range(3):
+        assert _episode(mixed, index) == _episode(plain, index)
+    scenes = list(itertools.islice(detour.scenes(3), 7))
+    sides = set()
+    for index, scene in enumerate(scenes[3:], start=3):
+        table = _episode(mixed, index)
+        states = np.array(table["observation.state"], np.float32)
+        actions = np.array(table["action"], np.float32)
+        # The first frame is the first position past the split point (the usual episodes' turn).
+        assert detour.SPLIT_Y - detour.SPEED - 1e-6 <= states[0, 1] < detour.SPLIT_Y - 1e-6
+        np.testing.assert_allclose(actions[:-1], states[1:], atol=1e-6)
+        np.testing.assert_allclose(actions[-1], scene.goal, atol=1e-6)
+        assert not any(scene.collides(a, b) for a, b in zip(states, actions, strict=True))
+        sides.add("left" if _beside_block(scene, states)[:, 0].mean() < scene.block[0] else "right")
+    assert sides == {"left", "right"}
+    with pytest.raises(ValueError, match="recovery_scenes"):
+        detour_dataset.record_dataset(tmp_path / "bad", num_scenes=2, recovery_scenes=3)
+
+
+def test_make_demo_dataset_writes_recovery_episodes_as_a_third_of_all(tmp_path):
+    out = tmp_path / "recovery"
+    command = [
+        sys.executable,
+        str(SCRIPTS / "make_demo_dataset.py"),
+        "--task=detour_recovery",
+        "--episodes=3",
+        f"--out={out}",
+    ]
+    run = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads((out / "meta" / "info.json").read_text())["total_episodes"] == 3
+    first_states = [_episode(out, index)["observation.state"][0] for index in range(3)]
+    assert [state[1] < detour.SPLIT_Y for state in first_states] == [False, False, True]
 
 
 def test_world_moves_at_most_max_move_and_stops_at_the_block():
@@ -249,3 +315,5 @@ def test_shipped_prefix_model_keeps_the_executed_actions_at_half_the_horizon():
     assert results["rtc"]["switch_jump_mean"] < 0.5 * results["naive"]["switch_jump_mean"]
     assert results["rtc"]["mean_steps"] < 0.7 * results["sync"]["mean_steps"]
     assert results["rtc"]["success_rate"] >= 0.8
+    # Trained with recovery demonstrations, the continuation gets back from the old chunk's overshoot.
+    assert results["rtc"]["success_rate"] > results["naive"]["success_rate"]

@@ -4,9 +4,11 @@ conditioning instead of guidance.
 Each training example gives the model its first d ~ U{0..5} actions clean (flow time 0 on their tokens)
 and trains the flow on the rest (`training/loss.py`), so at inference the d actions the robot executes
 while the chunk is computed enter the model as they are and the rest of the chunk is sampled given them
-(`engine/guidance.py`, `conditioned_denoise`): up to d = H/2, and at no cost over plain denoising. Its
-trained checkpoint ships in the package (oxygen_jax/assets/pi05_detour_prefix); docs/rtc.md compares it
-with guidance.
+(`engine/guidance.py`, `conditioned_denoise`): up to d = H/2, and at no cost over plain denoising. It is
+trained on the detour demonstrations with recovery ones (`oxygen-make-demo-dataset --task=detour_recovery`):
+a continuation inherits the old chunk's path, and they show how to get back from having gone straight on
+past the split point. Its trained checkpoint ships in the package (oxygen_jax/assets/pi05_detour_prefix);
+docs/rtc.md compares it with guidance.
 """
 
 import pathlib

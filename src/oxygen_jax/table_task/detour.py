@@ -18,13 +18,14 @@ from oxygen_jax.table_task import scenes as table_scenes
 
 PROMPT = "reach the red cube around the block"
 SIDES = ("left", "right")
+_SIGNS = {"left": -1.0, "right": 1.0}  # which way each side is along x
 SPEED = 0.04  # table units per control step in the demonstrations
 MAX_MOVE = 0.08  # the most the gripper moves in one step toward its commanded position
 SUCCESS_RADIUS = 0.05  # the reach succeeds when the gripper's centre is this close to the cube's
 HOLD_STEPS = 3  # frames at the cube that end each demonstration
 BLOCK_HALF = np.array([0.12, 0.07], np.float32)
 _BLOCK_Y = 0.52
-_SPLIT_Y = 0.78  # where the demonstrations leave the straight line toward the block
+SPLIT_Y = 0.78  # where the demonstrations leave the straight line toward the block
 _SIDE_OFFSET = 0.32  # x distance of the waypoint beside the block from the block's centre
 _START_Y = 0.9
 _GREY = (110, 110, 110)
@@ -44,21 +45,27 @@ class DetourScene:
 
     def waypoints(self, side: str) -> np.ndarray:
         """[4, 2] the demonstration's corners: start, the split point, beside the block, the cube."""
-        sign = {"left": -1.0, "right": 1.0}[side]
-        split = (self.start[0], _SPLIT_Y)
-        beside = (self.block[0] + sign * _SIDE_OFFSET, self.block[1])
+        split = (self.start[0], SPLIT_Y)
+        beside = (self.block[0] + _SIGNS[side] * _SIDE_OFFSET, self.block[1])
         return np.array([self.start, split, beside, self.goal], np.float32)
 
     def path(self, side: str) -> np.ndarray:
         """[n + 1, 2] a demonstration's gripper positions: along the waypoints at `SPEED` per step, ending
         on the cube."""
-        corners = self.waypoints(side)
-        lengths = np.linalg.norm(np.diff(corners, axis=0), axis=1)
-        along = np.concatenate([[0.0], np.cumsum(lengths)])
-        steps = int(np.ceil(along[-1] / SPEED - 1e-6))
-        distance = np.minimum(np.arange(steps + 1) * SPEED, along[-1])
-        xy = [np.interp(distance, along, corners[:, axis]) for axis in range(2)]
-        return np.stack(xy, axis=1).astype(np.float32)
+        return _along(self.waypoints(side))
+
+    def recovery_path(self, side: str, turn_y: float) -> np.ndarray:
+        """[n + 1, 2] a recovery from overshooting: straight on past the split point down to `turn_y`,
+        sideways there to beside the block, then down beside it and on to the cube, at `SPEED` per step."""
+        beside_x = float(self.block[0]) + _SIGNS[side] * _SIDE_OFFSET
+        corners = [
+            self.start,
+            (self.start[0], turn_y),
+            (beside_x, turn_y),
+            (beside_x, self.block[1]),
+            self.goal,
+        ]
+        return _along(np.array(corners, np.float32))
 
     def collides(self, a: np.ndarray, b: np.ndarray) -> bool:
         """Whether the straight move from a to b passes through the block."""
@@ -82,6 +89,16 @@ class DetourScene:
         """What the table robot sends its policy (`policies.table`)."""
         gripper = np.asarray(gripper, np.float32)
         return {"observation/image": render(self, gripper), "observation/state": gripper, "prompt": PROMPT}
+
+
+def _along(corners: np.ndarray) -> np.ndarray:
+    """[n + 1, 2] positions along the polyline `corners`, `SPEED` apart, the last one on its end."""
+    lengths = np.linalg.norm(np.diff(corners, axis=0), axis=1)
+    along = np.concatenate([[0.0], np.cumsum(lengths)])
+    steps = int(np.ceil(along[-1] / SPEED - 1e-6))
+    distance = np.minimum(np.arange(steps + 1) * SPEED, along[-1])
+    xy = [np.interp(distance, along, corners[:, axis]) for axis in range(2)]
+    return np.stack(xy, axis=1).astype(np.float32)
 
 
 def random_scene(rng: np.random.Generator) -> DetourScene:

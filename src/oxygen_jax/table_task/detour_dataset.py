@@ -1,5 +1,12 @@
 """The detour task's demonstrations as a LeRobot dataset (what `pi05_detour` is trained on): each episode
-goes around the block on a side drawn at random, so the data holds both valid motions in equal share."""
+goes around the block on a side drawn at random, so the data holds both valid motions in equal share.
+
+With recovery episodes (what `pi05_detour_prefix` is trained on), a share of the episodes shows how to get
+back from having gone straight on past the split point: a model that continues a chunk whose first
+actions are given (real-time chunking by conditioning) may inherit such an overshoot from the old chunk.
+They keep only their frames past the split point, so that no frame teaches going straight on past it:
+the split point itself is the usual episodes' turn.
+"""
 
 import pathlib
 from typing import Any
@@ -10,26 +17,54 @@ import tqdm
 from oxygen_jax.lerobot.writer import LeRobotWriter
 from oxygen_jax.table_task import dataset, detour
 
-# Episodes the shipped model was trained on (`scripts/make_demo_dataset.py --task=detour`'s default).
+# Episodes the shipped models were trained on (`oxygen-make-demo-dataset --task=detour`'s and
+# `--task=detour_recovery`'s defaults); in the latter a third are recovery episodes.
 TRAIN_SCENES = 600
+RECOVERY_TRAIN_SCENES = 900
+# Where recovery episodes turn sideways: from just past the split point to just above the block.
+RECOVERY_TURN_Y = (0.64, 0.76)
 
 
-def record_dataset(root: str | pathlib.Path, num_scenes: int, seed: int = detour.TRAIN_SEED) -> pathlib.Path:
-    """`num_scenes` episodes: every position of a demonstration, then `HOLD_STEPS` frames at the cube; the
-    gripper position as state, the next one as action."""
+def record_dataset(
+    root: str | pathlib.Path, num_scenes: int, seed: int = detour.TRAIN_SEED, recovery_scenes: int = 0
+) -> pathlib.Path:
+    """`num_scenes` episodes, the last `recovery_scenes` of them recovery ones: every position of a
+    demonstration, then `HOLD_STEPS` frames at the cube; the gripper position as state, the next one as
+    action. The usual episodes are the same with or without recovery ones."""
+    if not 0 <= recovery_scenes <= num_scenes:
+        raise ValueError(f"recovery_scenes must be in [0, {num_scenes}], got {recovery_scenes}")
     writer = LeRobotWriter(root, fps=dataset.FPS, robot_type="table")
     stream = detour.scenes(seed)
     sides = np.random.default_rng(seed + 1)
-    for _ in tqdm.trange(num_scenes, desc="recording detour episodes", unit="episode"):
+    for _ in tqdm.trange(num_scenes - recovery_scenes, desc="recording detour episodes", unit="episode"):
         scene = next(stream)
-        path = scene.path(detour.SIDES[int(sides.integers(2))])
-        positions = np.concatenate([path, np.repeat(path[-1:], detour.HOLD_STEPS, axis=0)])
-        for step, gripper in enumerate(positions):
-            writer.add_frame(
-                frame(scene, gripper, positions[min(step + 1, len(positions) - 1)]), task=detour.PROMPT
-            )
-        writer.save_episode()
+        _record_episode(writer, scene, scene.path(detour.SIDES[int(sides.integers(2))]))
+    recovery = np.random.default_rng(seed + 7)
+    for _ in tqdm.trange(recovery_scenes, desc="recording recovery episodes", unit="episode"):
+        scene = next(stream)
+        side = detour.SIDES[int(recovery.integers(2))]
+        path = scene.recovery_path(side, turn_y=recovery.uniform(*RECOVERY_TURN_Y))
+        past_split = int(np.argmax(path[:, 1] < detour.SPLIT_Y - 1e-6))
+        _record_episode(writer, scene, path, first=past_split)
     return writer.root
+
+
+def record_recovery_dataset(
+    root: str | pathlib.Path, num_scenes: int, seed: int = detour.TRAIN_SEED
+) -> pathlib.Path:
+    """`record_dataset` with a third of the episodes recovery ones (`pi05_detour_prefix`'s data)."""
+    return record_dataset(root, num_scenes, seed, recovery_scenes=num_scenes // 3)
+
+
+def _record_episode(
+    writer: LeRobotWriter, scene: detour.DetourScene, path: np.ndarray, first: int = 0
+) -> None:
+    """Frames `first` on of `path` followed by `HOLD_STEPS` positions at its end."""
+    positions = np.concatenate([path, np.repeat(path[-1:], detour.HOLD_STEPS, axis=0)])
+    for step in range(first, len(positions)):
+        action = positions[min(step + 1, len(positions) - 1)]
+        writer.add_frame(frame(scene, positions[step], action), task=detour.PROMPT)
+    writer.save_episode()
 
 
 def frame(scene: detour.DetourScene, gripper: np.ndarray, action: np.ndarray) -> dict[str, Any]:

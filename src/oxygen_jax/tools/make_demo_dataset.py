@@ -6,7 +6,9 @@
 Each scene is one episode: the gripper moving straight to the cube the prompt names, with the true
 subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_task.scenes).
 `--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
-gripper going around a block on a random side, see oxygen_jax.table_task.detour). `--scenes` is the old
+gripper going around a block on a random side, see oxygen_jax.table_task.detour); `--task=detour_recovery`
+adds recovery episodes to them, a third of all (what `pi05_detour_prefix` is trained on: after going
+straight on past the point where the others turn, back beside the block). `--scenes` is the old
 name of `--episodes`; it still works, with a warning. No model is loaded: there is no default config.
 """
 
@@ -15,10 +17,20 @@ from absl import flags
 from oxygen_jax import cli, preflight
 from oxygen_jax.table_task import dataset, detour_dataset, scenes
 
-_RECORDERS = {"table": dataset, "detour": detour_dataset}
+# task: (default episodes, the recorder taking root, episodes and seed)
+_RECORDERS = {
+    "table": (dataset.TRAIN_SCENES, dataset.record_dataset),
+    "detour": (detour_dataset.TRAIN_SCENES, detour_dataset.record_dataset),
+    "detour_recovery": (detour_dataset.RECOVERY_TRAIN_SCENES, detour_dataset.record_recovery_dataset),
+}
 _OUT = cli.define_out_flag(None, "New folder for the dataset.")
 flags.mark_flag_as_required("out")
-_TASK = flags.DEFINE_enum("task", "table", list(_RECORDERS), "table (pi05_demo) or detour (pi05_detour).")
+_TASK = flags.DEFINE_enum(
+    "task",
+    "table",
+    list(_RECORDERS),
+    "table (pi05_demo), detour (pi05_detour) or detour_recovery (pi05_detour_prefix).",
+)
 _EPISODES = flags.DEFINE_integer(
     "episodes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
 )
@@ -27,11 +39,11 @@ _SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out sc
 
 
 def main(_):
-    recorder = _RECORDERS[_TASK.value]
-    num_scenes = cli.renamed(_EPISODES, _SCENES) or recorder.TRAIN_SCENES
+    default_episodes, record_dataset = _RECORDERS[_TASK.value]
+    num_scenes = cli.renamed(_EPISODES, _SCENES) or default_episodes
     preflight.writable(_OUT.value, folder=True)
     try:
-        root = recorder.record_dataset(_OUT.value, num_scenes, _SEED.value)
+        root = record_dataset(_OUT.value, num_scenes, _SEED.value)
     except FileExistsError as error:
         cli.fail(str(error))
     print(f"wrote {num_scenes} episodes to {root}")
