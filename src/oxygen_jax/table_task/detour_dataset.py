@@ -39,6 +39,7 @@ def record_dataset(
     for _ in tqdm.trange(num_scenes - recovery_scenes, desc="recording detour episodes", unit="episode"):
         scene = next(stream)
         _record_episode(writer, scene, scene.path(detour.SIDES[int(sides.integers(2))]))
+    # A stream of its own, so that the usual episodes stay `--task=detour`'s.
     recovery = np.random.default_rng(seed + 7)
     for _ in tqdm.trange(recovery_scenes, desc="recording recovery episodes", unit="episode"):
         scene = next(stream)
