@@ -314,6 +314,7 @@ def test_shipped_prefix_model_keeps_the_executed_actions_at_half_the_horizon():
     assert results["rtc"]["rtc_method"] == "conditioned"
     assert results["rtc"]["switch_jump_mean"] < 0.5 * results["naive"]["switch_jump_mean"]
     assert results["rtc"]["mean_steps"] < 0.7 * results["sync"]["mean_steps"]
-    assert results["rtc"]["success_rate"] >= 0.8
+    # Trained for 12000 steps, its first chunk picks a side (0.948 over 1000 episodes; 6000 steps: 0.847).
+    assert results["rtc"]["success_rate"] >= 0.9
     # Trained with recovery demonstrations, the continuation gets back from the old chunk's overshoot.
-    assert results["rtc"]["success_rate"] > results["naive"]["success_rate"]
+    assert results["rtc"]["success_rate"] > results["naive"]["success_rate"] + 0.05

@@ -1,0 +1,53 @@
+"""Whether a detour model's first chunk, sampled at the start where both sides are open, picks a side or
+averages the two motions (straight down at the diagonal's pace). Samples it on 200 held-out starts with the
+closed loop's noise streams (seed 0: each episode's first request) and prints the share whose last action
+lies within 0.08 of the start's x (a demonstration's is 0.19 off, beside the block 0.32) and the share
+that went left; writes first_chunks_<config>[_<label>].json next to this file. From the repository root
+(the third: the model `closed_loop_prefix/steps_6000/run.sh` trains):
+
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_prefix
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_wide
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_prefix \
+    runs/pi05_detour_prefix_steps_6000/6000 steps_6000
+"""
+
+import json
+import pathlib
+import sys
+
+import numpy as np
+
+from oxygen_jax.policies import rtc
+from oxygen_jax.table_task import closed_loop, detour
+
+HERE = pathlib.Path(__file__).resolve().parent
+STARTS = 200
+AVERAGED = 0.08  # |x offset| of the chunk's last action below which it has not picked a side
+
+
+def main(config_name: str, checkpoint_dir: str | None = None, label: str | None = None) -> None:
+    policy = closed_loop.load_policy(config_name, checkpoint_dir)
+    shape = (policy.engine.config.action_horizon, policy.engine.config.action_dim)
+    stream = detour.scenes(detour.HELD_OUT_SEED)
+    offsets = []
+    for index in range(STARTS):
+        scene = next(stream)
+        noise = rtc.draw_noise(np.random.default_rng((0, index)), shape, None)
+        actions = np.asarray(policy.infer(scene.observation(scene.start), noise=noise)["actions"])
+        offsets.append(float(actions[-1, 0] - scene.start[0]))
+    offsets = np.array(offsets)
+    row = {
+        "config": config_name,
+        "checkpoint_dir": checkpoint_dir,
+        "starts": STARTS,
+        "averaged_share": float(np.mean(np.abs(offsets) < AVERAGED)),
+        "left_share": float(np.mean(offsets <= -AVERAGED)),
+        "median_abs_offset": float(np.median(np.abs(offsets))),
+    }
+    print(json.dumps(row))
+    name = f"first_chunks_{config_name}" + (f"_{label}" if label else "")
+    (HERE / f"{name}.json").write_text(json.dumps(row, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])
