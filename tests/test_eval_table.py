@@ -63,13 +63,17 @@ def test_collides_catches_moves_through_or_into_the_block_only():
     assert not scene.collides(np.array([x - 0.4, y + 0.3]), np.array([x + 0.4, y + 0.3]))
 
 
+def _episode(root, index: int) -> dict:
+    return pq.read_table(root / "data" / "chunk-000" / f"episode_{index:06d}.parquet").to_pydict()
+
+
 def test_demonstrations_take_both_sides_and_act_the_next_position(tmp_path):
     root = detour_dataset.record_dataset(tmp_path / "detour", num_scenes=16, seed=3)
     sides = set()
     stream = detour.scenes(3)
     for index in range(16):
         scene = next(stream)
-        table = pq.read_table(root / "data" / "chunk-000" / f"episode_{index:06d}.parquet").to_pydict()
+        table = _episode(root, index)
         states = np.array(table["observation.state"], np.float32)
         actions = np.array(table["action"], np.float32)
         np.testing.assert_allclose(actions[:-1], states[1:], atol=1e-6)
@@ -99,10 +103,6 @@ def test_recovery_paths_overshoot_the_split_then_go_around_without_crossing_the_
             assert np.abs(sideways[:, 0] - scene.start[0]).max() > detour.BLOCK_HALF[0]
             beside = _beside_block(scene, path)[:, 0] - scene.block[0]
             assert len(beside) and ((beside < 0) if side == "left" else (beside > 0)).all()
-
-
-def _episode(root, index: int) -> dict:
-    return pq.read_table(root / "data" / "chunk-000" / f"episode_{index:06d}.parquet").to_pydict()
 
 
 def test_recovery_episodes_start_past_the_split_and_leave_the_usual_ones_unchanged(tmp_path):
