@@ -314,7 +314,8 @@ def test_shipped_prefix_model_keeps_the_executed_actions_at_half_the_horizon():
     assert results["rtc"]["rtc_method"] == "conditioned"
     assert results["rtc"]["switch_jump_mean"] < 0.5 * results["naive"]["switch_jump_mean"]
     assert results["rtc"]["mean_steps"] < 0.7 * results["sync"]["mean_steps"]
-    # Trained for 12000 steps, its first chunk picks a side (0.948 over 1000 episodes; 6000 steps: 0.847).
-    assert results["rtc"]["success_rate"] >= 0.9
+    # Trained for 24000 steps, its first chunk picks a side (0.977 over 1000 episodes; 12000 steps: 0.948,
+    # 6000: 0.847).
+    assert results["rtc"]["success_rate"] >= 0.95
     # Trained with recovery demonstrations, the continuation gets back from the old chunk's overshoot.
     assert results["rtc"]["success_rate"] > results["naive"]["success_rate"] + 0.05

@@ -1,10 +1,7 @@
 #!/usr/bin/env bash
-# pi05_detour_prefix's config trained on the shipped model's data (detour and recovery demonstrations) for
-# 6000 steps instead of 12000 (docs/rtc.md compares it with the shipped model): the three modes on 1000
-# episodes at d = 2, 3, 5 and E = 6, 5, as ../run.sh. collisions.json is
-# `closed_loop/diagnosis/collisions.py pi05_detour_prefix 1000` on this model. Run from the repository root
-# (training ~20 min on the 2-core CPU, the runs ~20 min):
+# pi05_detour_prefix's config trained for 6000 steps instead of 24000: its 1000-episode runs and sweep, as
+# ../run.sh. collisions.json is `closed_loop/diagnosis/collisions.py pi05_detour_prefix 1000` on this
+# model. Run from the repository root (training ~20 min on the 2-core CPU, the runs ~26 min):
 #   bash benchmarks/results/cpu-2core/closed_loop_prefix/steps_6000/run.sh
 set -euo pipefail
-bash benchmarks/results/cpu-2core/closed_loop_prefix/retrain_and_run.sh detour_recovery \
-  runs/pi05_detour_prefix_steps_6000 benchmarks/results/cpu-2core/closed_loop_prefix/steps_6000
+bash benchmarks/results/cpu-2core/closed_loop_prefix/retrain_steps.sh 6000
