@@ -38,6 +38,12 @@ def _seconds(fn) -> float:
     return time.perf_counter() - start
 
 
+def observation_batch(engine: Engine, batch: int, layout: str) -> pi05.Observation:
+    rows = [observation(engine.config, layout, i) for i in range(batch)]
+    arrays = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
+    return inputs.observation_from_arrays(arrays, engine.config)
+
+
 def _guidance(engine: Engine, batch: int, seed: int) -> list[api.ChunkGuidance]:
     """Every row guided: a random previous chunk, delay H/4, blending up to H/2 (exp schedule)."""
     horizon, action_dim = engine.config.action_horizon, engine.config.action_dim
@@ -48,34 +54,53 @@ def _guidance(engine: Engine, batch: int, seed: int) -> list[api.ChunkGuidance]:
     ]
 
 
-def step_flops(engine: Engine, cache: pi05.PrefixCache, noise: jax.Array, rows: list) -> dict[str, float]:
-    """XLA's FLOP count of one plain and one guided flow step (a velocity, and a guided velocity with its
-    vjp) on this cache: how much more work guidance is, apart from how fast the backend runs it."""
+def step_programs(
+    engine: Engine, cache: pi05.PrefixCache, noise: jax.Array, rows: list
+) -> dict[str, jax.stages.Lowered]:
+    """One plain and one guided flow step (a velocity, and a guided velocity with its vjp) on this cache,
+    lowered with the weights and the cache as arguments: closed over, they would become constants of the
+    program, gigabytes at full size, which XLA then folds and the compilation cache serializes."""
     batch, horizon, action_dim = noise.shape
     columns = {k: jnp.asarray(v) for k, v in api.guidance_columns(rows, batch, horizon, action_dim).items()}
     mid_flow = jnp.float32(0.5)
 
-    def velocity(x, t):
-        return pi05.predict_velocity(engine.params, engine.config, cache, x, jnp.broadcast_to(t, (batch,)))
+    def velocity(params, cache, x, t):
+        return pi05.predict_velocity(params, engine.config, cache, x, jnp.broadcast_to(t, (batch,)))
 
-    def guided_step(x):
+    def plain_step(params, cache, x):
+        return velocity(params, cache, x, mid_flow)
+
+    def guided_step(params, cache, x, columns):
         return guidance.guided_velocity(
-            velocity, x, mid_flow, columns["prev_chunk"], columns["weights"], columns["max_guidance_weight"]
+            lambda x, t: velocity(params, cache, x, t),
+            x,
+            mid_flow,
+            columns["prev_chunk"],
+            columns["weights"],
+            columns["max_guidance_weight"],
         )
 
-    def flops(fn) -> float:
-        analysis = jax.jit(fn).lower(noise).compile().cost_analysis()
+    return {
+        "plain": jax.jit(plain_step).lower(engine.params, cache, noise),
+        "guided": jax.jit(guided_step).lower(engine.params, cache, noise, columns),
+    }
+
+
+def step_flops(engine: Engine, cache: pi05.PrefixCache, noise: jax.Array, rows: list) -> dict[str, float]:
+    """XLA's FLOP count of one plain and one guided flow step: how much more work guidance is, apart from
+    how fast the backend runs it."""
+
+    def flops(lowered: jax.stages.Lowered) -> float:
+        analysis = lowered.compile().cost_analysis()
         return float((analysis[0] if isinstance(analysis, list) else analysis)["flops"])
 
-    plain, guided = flops(lambda x: velocity(x, mid_flow)), flops(guided_step)
+    plain, guided = (flops(p) for p in step_programs(engine, cache, noise, rows).values())
     return {"plain_step_flops": plain, "guided_step_flops": guided, "guided_over_plain_flops": guided / plain}
 
 
 def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
     """Median plain and guided denoise ms at `batch` rows (both compiled first), and their ratio."""
-    rows = [observation(engine.config, setting.layout, i) for i in range(batch)]
-    arrays = {k: np.concatenate([r[k] for r in rows]) for k in rows[0]}
-    cache = engine.prefill(inputs.observation_from_arrays(arrays, engine.config))
+    cache = engine.prefill(observation_batch(engine, batch, setting.layout))
     noise = engine.noise(jax.random.key(setting.seed), batch)
     guided_rows = _guidance(engine, batch, setting.seed)
     conditioned_config = dataclasses.replace(
@@ -115,11 +140,4 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
         **{f"{name}_ms_all": [t * 1e3 for t in times[name]] for name in calls},
         "compiles_while_measuring": counter.count,
         **step_flops(engine, cache, noise, guided_rows),
-    }
-
-
-def run(engine: Engine, setting: Setting) -> dict:
-    return {
-        "setting": dataclasses.asdict(setting),
-        "batches": [measure_batch(engine, batch, setting) for batch in setting.batches],
     }

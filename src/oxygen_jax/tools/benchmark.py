@@ -23,6 +23,7 @@ import json
 import os
 import pathlib
 import sys
+import time
 
 import jax
 import tqdm
@@ -208,10 +209,14 @@ def _rtc_cost(cfg, cache_dir: str | None) -> None:
     worker.setup_jax(cache_dir)
     engine = worker.build_engine(cfg, spec.RunSpec("action_only"))
     info = {"config": cfg.name, "backend": jax.default_backend(), "device_kind": jax.devices()[0].device_kind}
-    load_before = os.getloadavg()
-    results = {**info, **rtc_cost.run(engine, rtc_cost.Setting())}
-    results["load_average_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
-    _write_json(_out_dir(info) / "rtc_cost.json", results)
+    setting, load_before = rtc_cost.Setting(), os.getloadavg()
+    results = {**info, "setting": dataclasses.asdict(setting), "batches": []}
+    for batch in setting.batches:  # written after each batch: a run stopped later keeps what it measured
+        start = time.perf_counter()
+        results["batches"].append(rtc_cost.measure_batch(engine, batch, setting))
+        results["load_average_1_5_15min"] = {"before": load_before, "after": os.getloadavg()}
+        _write_json(_out_dir(info) / "rtc_cost.json", results)
+        print(f"rtc: batch {batch} compiled and measured in {time.perf_counter() - start:.0f} s", flush=True)
     print(json.dumps({**results, "batches": [_summary(b) for b in results["batches"]]}, indent=1))
 
 
