@@ -77,8 +77,9 @@ MODES=${GPU_MODES:-action_only,isolated,oxygen}
 RESERVE=45      # s left after the stages: a stage stopped at its cap exits within 15 s, the summary gets
                 # the rest of the budget (at least 15 s), so the run ends within GPU_BUDGET_S + 15 s
 MIN_SERVING=90  # s the serving stage needs: init, compilation, 2 settings x 3 modes x SERVING_SECONDS
-MIN_RTC=60      # s the guided-denoise stage needs: init, then per batch (1, 4) a prefill, the plain and
-                # guided denoise and one step of each compiled (XLA's FLOP count), 20 rounds of both
+MIN_RTC=60      # s the guided-denoise stage needs: init, then per batch (1, 4) a prefill, the plain,
+                # guided and conditioned denoise compiled, one step of each lowered (XLA's FLOP count),
+                # 20 rounds of the three
 
 log() { echo "$*" | tee -a "$LOG"; }
 left() { echo $((BUDGET - RESERVE - SECONDS)); }
