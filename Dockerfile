@@ -13,7 +13,7 @@
 ARG PYTHON_VERSION=3.11
 FROM python:${PYTHON_VERSION}-slim
 
-# Extras from pyproject.toml: gcs (gs:// checkpoints), cuda12 (GPU jaxlib).
+# Extras from pyproject.toml: gcs (gs:// checkpoints), cuda12 or cuda13 (GPU jaxlib).
 ARG EXTRAS=gcs
 ENV PIP_NO_CACHE_DIR=1 \
     PYTHONUNBUFFERED=1 \
