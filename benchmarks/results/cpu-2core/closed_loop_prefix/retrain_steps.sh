@@ -2,8 +2,8 @@
 # pi05_detour_prefix's config trained on the shipped model's data (detour and recovery demonstrations) for
 # STEPS steps instead of 24000, into runs/pi05_detour_prefix_steps_STEPS (docs/rtc.md compares it with the
 # shipped model): the three modes on 1000 episodes at d = 2, 3, 5 and E = 6, 5, and the sweep over d
-# (200 episodes per point), as run.sh, into steps_STEPS/. Used by steps_6000/run.sh and
-# steps_12000/run.sh; run from the repository root:
+# (200 episodes per point), as run.sh, into steps_STEPS/. Used by steps_<N>/run.sh (6000, 12000, 48000);
+# run from the repository root:
 #   bash benchmarks/results/cpu-2core/closed_loop_prefix/retrain_steps.sh STEPS
 set -euo pipefail
 steps=$1

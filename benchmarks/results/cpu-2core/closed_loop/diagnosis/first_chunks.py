@@ -5,7 +5,7 @@ lies within 0.08 of the start's x (a demonstration's is 0.19 off, beside the blo
 that went left. Then it runs each scene in closed loop with rtc at d = H/2, E = 6 (the same noise stream, so
 the same first chunk) and counts the collisions after a first chunk that picked a side and after one that
 did not. Writes first_chunks_<config>[_<label>].json next to this file. From the repository root
-(the last two: the models `closed_loop_prefix/steps_6000/run.sh` and `steps_12000/run.sh` train):
+(the last three: the models `closed_loop_prefix/steps_<N>/run.sh` train):
 
   python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_prefix
   python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_wide
@@ -13,6 +13,8 @@ did not. Writes first_chunks_<config>[_<label>].json next to this file. From the
     runs/pi05_detour_prefix_steps_6000/6000 steps_6000
   python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_prefix \
     runs/pi05_detour_prefix_steps_12000/12000 steps_12000
+  python benchmarks/results/cpu-2core/closed_loop/diagnosis/first_chunks.py pi05_detour_prefix \
+    runs/pi05_detour_prefix_steps_48000/48000 steps_48000
 """
 
 import json
