@@ -14,6 +14,7 @@ import pytest
 from conftest import SCRIPTS
 
 from oxygen_jax.client import protocol, simulated
+from oxygen_jax.policies import rtc
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep, detour, detour_dataset
 
 H = 10
@@ -319,3 +320,16 @@ def test_shipped_prefix_model_keeps_the_executed_actions_at_half_the_horizon():
     assert results["rtc"]["success_rate"] >= 0.95
     # Trained with recovery demonstrations, the continuation gets back from the old chunk's overshoot.
     assert results["rtc"]["success_rate"] > results["naive"]["success_rate"] + 0.05
+    # Its misses begin with a first chunk between the two sides; kept among 8 samples by density, the
+    # first chunk lies inside one, and rtc reaches every cube sync reaches (1000 of 1000 in docs/rtc.md).
+    fresh = closed_loop.evaluate(
+        policy,
+        execution="rtc",
+        delay_steps=H // 2,
+        episodes=100,
+        seed=0,
+        execution_horizon=E,
+        guidance=rtc.GuidanceSettings(fresh_samples=8),
+    )
+    assert fresh["fresh_samples"] == 8 and results["rtc"]["success_rate"] < 1.0
+    assert fresh["success_rate"] == results["sync"]["success_rate"] == 1.0

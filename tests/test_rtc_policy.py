@@ -11,8 +11,9 @@ from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import UserError
 from oxygen_jax.models import inputs
+from oxygen_jax.policies import sampling
 from oxygen_jax.policies.policy import RequestOptions
-from oxygen_jax.policies.rtc import GuidanceSettings, RtcError, RtcPolicy, align, draw_noise
+from oxygen_jax.policies.rtc import GuidanceSettings, RtcError, RtcPolicy, align, draw_noise, seeded_infer
 
 NOISE = E2E["in/noise"]
 
@@ -60,6 +61,7 @@ def test_closed_loop_settings_the_model_can_run_pass_the_check(policy):
         (GuidanceSettings(), "sync", [0, 10], r"delay_steps must lie in \[0, 9\], got 10"),
         (GuidanceSettings(), "rtc", [2, 7], "delay_steps 7 exceeds execution_horizon 6"),
         (GuidanceSettings(noise_dims=33), "rtc", [2], r"noise_dims must lie in \[1, 32\]"),
+        (GuidanceSettings(fresh_samples=0), "rtc", [2], r"fresh_samples must lie in \[1, 64\], got 0"),
     ],
 )
 def test_closed_loop_settings_the_model_cannot_run_are_one_line_user_errors(
@@ -201,3 +203,30 @@ def test_the_executor_drives_a_local_rtc_policy_and_rtc_softens_the_switches(pol
     naive_jump = np.mean([s.jump for s in naive.switches[1:]])
     rtc_jump = np.mean([s.jump for s in rtc.switches[1:]])
     assert rtc_jump < 0.5 * naive_jump, (rtc_jump, naive_jump)
+
+
+def test_fresh_samples_draw_several_chunks_for_a_request_without_rtc_only(policy):
+    """The first request's reply is the densest of its samples' chunks, each as Policy.infer computes it
+    alone with that noise; a request with `rtc` draws one chunk, so it takes one noise, not several."""
+    noises = np.stack([NOISE, *draw_noise(np.random.default_rng(3), (4, *NOISE.shape), None)])
+    rtc_policy = RtcPolicy(policy, fresh_samples=5)
+    first = rtc_policy.infer(raw_observation(), noise=noises)
+    alone = np.stack([policy.infer(raw_observation(), noise=n)["actions"] for n in noises])
+    np.testing.assert_allclose(first["actions"], alone[sampling.densest(alone)], atol=1e-5)
+    assert first[protocol.CHUNK_ID] == 0
+    continued = {**raw_observation(), protocol.RTC: {"executed": 2, "delay": 1}}
+    with pytest.raises(UserError, match=r"'noise': expected shape \[1, 10, 32\]"):
+        rtc_policy.infer(continued, noise=noises)
+    assert rtc_policy.infer(continued, noise=NOISE)[protocol.CHUNK_ID] == 1
+
+
+def test_closed_loop_fresh_samples_leave_the_other_requests_noise_as_it_was(policy):
+    """seeded_infer draws the extra samples from a spawned stream: the rtc requests after the first get
+    the same noise with fresh_samples 1 and 4, so runs differ only where the first chunk does."""
+    replies = {}
+    for samples in (1, 4):
+        infer = seeded_infer(policy, GuidanceSettings(fresh_samples=samples), np.random.default_rng(11))
+        infer(raw_observation())
+        continued = {**raw_observation(), protocol.RTC: {"executed": 10, "delay": 0}}
+        replies[samples] = infer(continued)["actions"]  # past the old chunk's end: no guidance left
+    np.testing.assert_allclose(replies[1], replies[4], atol=1e-6)

@@ -121,6 +121,13 @@ def test_rtc_without_a_previous_chunk_is_refused(session):
     assert isinstance(refused, RtcError) and "needs a previous chunk" in str(refused)
 
 
+def test_several_samples_per_request_are_refused_with_one_line(session):
+    request = RobotRequest("many", raw_observation(), RequestOptions(samples=4), rtc=None)
+    refused = _refusal(session, request)
+    assert isinstance(refused, InvalidRequest) and str(refused).startswith("samples: one action chunk")
+    assert "\n" not in str(refused)
+
+
 def test_a_reply_overtaken_by_a_newer_request_of_its_robot_is_stale_and_not_the_last_chunk(session):
     """Two requests of one robot in flight together: the older reply is stale; the robot ignores it, so
     the server's last chunk for it stays the newer reply's (chunk 1), and chunk 0 is no longer current."""

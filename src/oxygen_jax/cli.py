@@ -244,13 +244,15 @@ class ClosedLoopGuidanceFlags:
     max_guidance_weight: flags.FlagHolder
     prefix_horizon: flags.FlagHolder
     noise_dims: flags.FlagHolder
+    fresh_samples: flags.FlagHolder
 
-    def values(self) -> tuple[str, float, int | None, int | None]:
+    def values(self) -> tuple[str, float, int | None, int | None, int]:
         return (
             self.schedule.value,
             self.max_guidance_weight.value,
             self.prefix_horizon.value,
             self.noise_dims.value,
+            self.fresh_samples.value,
         )
 
 
@@ -282,6 +284,15 @@ def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
                 None,
                 "Draw the action noise on the first N model action dims only, 0 on the rest (default: "
                 "all dims, as openpi).",
+                lower_bound=1,
+            )
+        ),
+        fresh_samples=_shown(
+            flags.DEFINE_integer(
+                "fresh_samples",
+                1,
+                "Chunks a request without rtc (the first, every sync one) draws; the one inside the motion "
+                "most of them took is kept (policies/sampling.py).",
                 lower_bound=1,
             )
         ),

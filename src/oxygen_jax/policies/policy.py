@@ -28,7 +28,7 @@ from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
-from oxygen_jax.policies import aloha, droid, libero, normalization, table, transforms
+from oxygen_jax.policies import aloha, droid, libero, normalization, sampling, table, transforms
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.request_options import integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
@@ -42,6 +42,7 @@ MAX_TEMPERATURE = 100.0
 
 # A text task's instruction tokens (its suffix on the shared prefix; one compiled shape).
 MAX_TASK_TOKENS = 32
+MAX_SAMPLES = 64  # action chunks one request may draw (`RequestOptions.samples`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,7 +121,9 @@ class _FittingPrompt:
 class RequestOptions:
     """One request's options, as `Policy.infer` takes them (None: the policy's own).
 
-    noise: [H, action_dim] (or [1, H, action_dim]) makes the action sample deterministic;
+    noise: [H, action_dim] (or [samples, H, action_dim]) makes the action sample deterministic;
+    samples: how many action chunks to draw from the observation's one prefill, keeping the one inside the
+    motion most of them took (`policies.sampling`; the inline path, `infer` and `execute`, only);
     prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
     temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
     language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix;
@@ -129,6 +132,7 @@ class RequestOptions:
     """
 
     noise: np.ndarray | None = None
+    samples: int = 1
     prompt_for_text: bool | None = None
     max_text_tokens: int | None = None
     temperature: float | None = None
@@ -154,10 +158,11 @@ class TextPlan:
 class PreparedRequest:
     """A raw request after `Policy.prepare`: everything the runtime needs and nothing of the robot's own.
 
-    arrays: the canonical model inputs with batch dim 1; noise: [1, H, action_dim] float32, or None to
-    draw it where the actions are computed (from `noise_seed`); texts: the language requests it starts
-    (none: actions only); state: the normalized state the output transforms read back in `finish`;
-    guidance: the denoiser's real-time-chunking guidance, or None for plain actions.
+    arrays: the canonical model inputs with batch dim 1; noise: [samples, H, action_dim] float32, or None
+    to draw it where the actions are computed (from `noise_seed`); samples: action chunks to draw; texts:
+    the language requests it starts (none: actions only); state: the normalized state the output
+    transforms read back in `finish`; guidance: the denoiser's real-time-chunking guidance, or None for
+    plain actions.
     """
 
     arrays: dict[str, np.ndarray]
@@ -166,6 +171,7 @@ class PreparedRequest:
     texts: tuple[TextPlan, ...]
     state: np.ndarray
     guidance: ChunkGuidance | None = None
+    samples: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,7 +260,10 @@ class Policy:
         else:
             unbatched = self.model_inputs(obs)
         arrays = {key: np.asarray(value)[None] for key, value in unbatched.items()}
-        noise = None if options.noise is None else self.action_noise(options.noise)
+        samples = integer_option(options.samples, "samples")
+        if samples is None or not 1 <= samples <= MAX_SAMPLES:
+            raise InvalidRequest(f"samples must lie in [1, {MAX_SAMPLES}], got {samples}")
+        noise = None if options.noise is None else self.action_noise(options.noise, samples)
         with self._rng_lock:
             noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
         texts: tuple[TextPlan, ...] = ()
@@ -277,7 +286,7 @@ class Policy:
                 texts = ()  # no text for this request (max_text_tokens=0 or prompt_for_text=False)
         elif budget:
             texts = (TextPlan(None, (), budget, temperature, top_p, text_seed),)
-        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], guidance)
+        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], guidance, samples)
 
     def finish(
         self,
@@ -315,17 +324,21 @@ class Policy:
         self, prepared: PreparedRequest
     ) -> tuple[np.ndarray, dict[str | None, Speech] | None, dict[str, float]]:
         """One prepared request on the engine, inline: the model-space actions [H, action_dim], the text of
-        each language request (None without any) and the timing `infer` reports."""
+        each language request (None without any) and the timing `infer` reports. Several samples denoise
+        together on copies of the one prefix cache."""
         start = time.monotonic()
         observation = _inputs.observation_from_arrays(prepared.arrays, self.engine.config)
+        samples = prepared.samples
         noise = (
-            self.engine.noise(jax.random.key(prepared.noise_seed), 1)
+            self.engine.noise(jax.random.key(prepared.noise_seed), samples)
             if prepared.noise is None
             else prepared.noise
         )
         cache = self.engine.prefill(observation)
-        guidance = () if prepared.guidance is None else (prepared.guidance,)
-        actions = np.asarray(self.engine.denoise(cache, noise, self.num_steps, guidance)[0])
+        rows = cache if samples == 1 else self.engine.select_rows(cache, np.zeros(samples, np.int32))
+        guidance = () if prepared.guidance is None else (prepared.guidance,) * samples
+        chunks = np.asarray(self.engine.denoise(rows, noise, self.num_steps, guidance))
+        actions = chunks[self._densest(prepared, chunks)]
         timing = {"infer_ms": (time.monotonic() - start) * 1000}
         text = self._speak(cache, prepared.texts) if prepared.texts else None
         if text is not None:
@@ -391,12 +404,20 @@ class Policy:
             raise InvalidRequest("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
 
-    def action_noise(self, noise: np.ndarray) -> np.ndarray:
-        """The request's noise ([H, action_dim] or [1, H, action_dim]) checked, as [1, H, action_dim]."""
+    def _densest(self, prepared: PreparedRequest, chunks: np.ndarray) -> int:
+        """Which of the model-space chunks [N, H, action_dim] to keep, compared as the robot executes them."""
+        if len(chunks) == 1:
+            return 0
+        executed = [self.io.outputs(prepared.state, chunk)["actions"] for chunk in chunks]
+        return sampling.densest(np.stack(executed))
+
+    def action_noise(self, noise: np.ndarray, samples: int = 1) -> np.ndarray:
+        """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as
+        [samples, H, action_dim]."""
         noise = np.asarray(noise)
         arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
         try:
-            return _inputs.noise_from_arrays(arrays, self.engine.config, 1)
+            return _inputs.noise_from_arrays(arrays, self.engine.config, samples)
         except ValueError as error:  # the request's noise, not the model, is wrong
             raise InvalidRequest(" ".join(str(error).split())) from error
 

@@ -26,7 +26,7 @@ from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
-from oxygen_jax.policies.policy import Policy, RequestOptions
+from oxygen_jax.policies.policy import MAX_SAMPLES, Policy, RequestOptions
 
 
 class RtcError(InvalidRequest, InvalidArgumentError):
@@ -158,12 +158,24 @@ class RobotChunks:
 
 
 class RtcPolicy:
-    """One robot's policy with real-time chunking. Thread-safe: one call computes at a time."""
+    """One robot's policy with real-time chunking. Thread-safe: one call computes at a time.
 
-    def __init__(self, policy: Policy, *, schedule: str = "exp", max_guidance_weight: float = 5.0):
+    fresh_samples: a request without `rtc` (a chunk that continues none, such as the first) draws this
+    many chunks and keeps the one inside the motion most of them took (`RequestOptions.samples`): with
+    `rtc` the robot executes d actions of that chunk before any later one can correct it."""
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        schedule: str = "exp",
+        max_guidance_weight: float = 5.0,
+        fresh_samples: int = 1,
+    ):
         self._policy = policy
         self._lock = threading.Lock()
         self.chunks = RobotChunks(schedule=schedule, max_guidance_weight=max_guidance_weight)
+        self.fresh_samples = fresh_samples
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -176,7 +188,8 @@ class RtcPolicy:
         obs = {k: v for k, v in obs.items() if k != protocol.RTC}
         with self._lock:
             guidance, start = self.chunks.guidance(rtc, self._policy.engine.config.action_horizon)
-            prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance))
+            samples = self.fresh_samples if rtc is None else 1
+            prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance, samples=samples))
             chunk, text, timing = self._policy.execute(prepared)
             reply = self._policy.finish(prepared, chunk, text)
             return {
@@ -190,14 +203,16 @@ class RtcPolicy:
 @dataclasses.dataclass(frozen=True)
 class GuidanceSettings:
     """The guidance of a closed-loop evaluation: the server's schedule and beta, the prefix horizon s the
-    robot sends (None: every action left in its current chunk, the executor's default), and noise_dims,
+    robot sends (None: every action left in its current chunk, the executor's default), noise_dims,
     the leading model action dims the action noise is drawn on (None: all of them, as openpi draws it;
-    the rest are 0, `draw_noise`)."""
+    the rest are 0, `draw_noise`), and fresh_samples, the chunks a request without `rtc` draws
+    (`RtcPolicy`)."""
 
     schedule: str = "exp"
     max_guidance_weight: float = 5.0
     prefix_horizon: int | None = None
     noise_dims: int | None = None
+    fresh_samples: int = 1
 
     def check(
         self, model: Pi05Config, *, execution: str, delays: Sequence[int], execution_horizon: int
@@ -212,6 +227,10 @@ class GuidanceSettings:
                 f"noise_dims must lie in [1, {model.action_dim}] (the model's action dims),"
                 f" got {self.noise_dims}"
             )
+        if not 1 <= self.fresh_samples <= MAX_SAMPLES:
+            raise InvalidArgumentError(
+                f"fresh_samples must lie in [1, {MAX_SAMPLES}], got {self.fresh_samples}"
+            )
 
     def fields(self) -> dict[str, Any]:
         """Its results.json fields."""
@@ -220,6 +239,7 @@ class GuidanceSettings:
             "max_guidance_weight": self.max_guidance_weight,
             "prefix_horizon": self.prefix_horizon,
             "noise_dims": self.noise_dims,
+            "fresh_samples": self.fresh_samples,
         }
 
 
@@ -230,10 +250,26 @@ def seeded_infer(
     policy: Policy, guidance: GuidanceSettings, rng: np.random.Generator
 ) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
     """A fresh one-robot `RtcPolicy.infer` on `policy` whose action noise [H, action_dim] is drawn from
-    `rng`, one draw per request: the same seed gives every execution mode the same noise stream."""
-    served = RtcPolicy(policy, schedule=guidance.schedule, max_guidance_weight=guidance.max_guidance_weight)
+    `rng`, one draw per request: the same seed gives every execution mode the same noise stream. A request
+    that draws several chunks (`fresh_samples`) takes the others' noise from a stream spawned off `rng`,
+    which leaves `rng`'s own draws as they are."""
+    served = RtcPolicy(
+        policy,
+        schedule=guidance.schedule,
+        max_guidance_weight=guidance.max_guidance_weight,
+        fresh_samples=guidance.fresh_samples,
+    )
     shape = (policy.engine.config.action_horizon, policy.engine.config.action_dim)
-    return lambda obs: served.infer(obs, noise=draw_noise(rng, shape, guidance.noise_dims))
+    others = rng.spawn(1)[0]
+
+    def infer(obs: Mapping[str, Any]) -> dict[str, Any]:
+        noise = draw_noise(rng, shape, guidance.noise_dims)
+        if protocol.RTC not in obs and guidance.fresh_samples > 1:
+            extra = range(guidance.fresh_samples - 1)
+            noise = np.stack([noise, *(draw_noise(others, shape, guidance.noise_dims) for _ in extra)])
+        return served.infer(obs, noise=noise)
+
+    return infer
 
 
 def draw_noise(rng: np.random.Generator, shape: tuple[int, int], noise_dims: int | None) -> np.ndarray:

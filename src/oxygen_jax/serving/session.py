@@ -262,6 +262,8 @@ class MultiRobotSession:
         try:
             if request.rtc is not None and not self._rtc:
                 raise InvalidRequest("rtc: this server does not take real-time-chunking requests")
+            if request.options.samples != 1:
+                raise InvalidRequest("samples: one action chunk per request here (several: `Policy.infer`)")
             guidance, start = chunks.guidance(request.rtc, self._policy.engine.config.action_horizon)
             options = dataclasses.replace(request.options, guidance=guidance)
             prepared = self._policy.prepare(request.obs, options, max_tasks=self._max_text_tasks)

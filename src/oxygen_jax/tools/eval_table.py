@@ -8,7 +8,7 @@ world advances d control steps with the old chunk (naive, rtc) or the robot wait
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
 delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
 execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix) and the
-guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, and noise_dims).
+guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples).
 
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
