@@ -27,7 +27,8 @@ from oxygen_jax.client import SimClock
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.policy import create_policy
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
+# Reference outputs of upstream openpi (and the OxyGen fork) on the tiny model; tests/golden/README.md.
+GOLDEN = pathlib.Path(__file__).resolve().parent / "golden"
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 # The fields every closed-loop results.json has (eval_table, eval_aloha --execution).
@@ -282,7 +283,7 @@ def serve_script(
 def project_copy(folder: pathlib.Path) -> pathlib.Path:
     """What the wheel is made of, copied to `folder` (setuptools builds in the source folder)."""
     shutil.copytree(ROOT / "src", folder / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
+    for name in ("pyproject.toml", "README.md", "LICENSE", "MANIFEST.in"):
         shutil.copy(ROOT / name, folder / name)
     return folder
 

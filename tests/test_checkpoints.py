@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from conftest import GOLDEN
 from flax import traverse_util
 
 from oxygen_jax.checkpoints import (
@@ -18,13 +19,11 @@ from oxygen_jax.checkpoints import (
     save_params,
 )
 
-GOLDEN = pathlib.Path(__file__).resolve().parents[2] / "shared" / "golden"
 CHECKPOINT = GOLDEN / "checkpoint"
 LIBERO = "physical-intelligence/libero"
 Q_EINSUM = ("PaliGemma", "llm", "layers", "attn", "q_einsum", "w")
 
 pytestmark = [
-    pytest.mark.skipif(not CHECKPOINT.is_dir(), reason=f"golden checkpoint not found at {CHECKPOINT}"),
     # Raw orbax restores below take the sharding from the checkpoint's file, which orbax warns about.
     pytest.mark.filterwarnings("ignore:Sharding info not provided"),
 ]

@@ -11,11 +11,11 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 
 from oxygen_jax.evaluation import libero_sim, rendering, requirements
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-GOLDEN_CHECKPOINT = REPO.parent / "shared" / "golden" / "checkpoint"
 
 pytestmark = [
     pytest.mark.timeout(240),
@@ -50,7 +50,7 @@ def test_cli_local_episode_writes_results_and_video(tmp_path):
             sys.executable,
             str(REPO / "scripts" / "eval_libero.py"),
             "--config=pi05_tiny",
-            f"--checkpoint_dir={GOLDEN_CHECKPOINT}",
+            f"--checkpoint_dir={GOLDEN / 'checkpoint'}",
             "--suites=libero_spatial",
             "--task_ids=0",
             "--episodes=1",

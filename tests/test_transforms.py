@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import GOLDEN
 
 from oxygen_jax.policies import aloha, droid, image_tools, libero, normalization, transforms
 from oxygen_jax.tokenizer import Tokenizer
 
-GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "golden"
 CASES = json.loads((GOLDEN / "transforms_cases.json").read_text())
 PIPELINE_CASES = [name for name, case in CASES.items() if "raw_input" in case]
 # Float pipeline outputs (state, actions) may differ from openpi by float rounding only.

@@ -20,7 +20,6 @@ logger = logging.getLogger(__name__)
 
 TOKENIZER_URL = "gs://big_vision/paligemma_tokenizer.model"
 _RELATIVE_PATH = pathlib.Path("big_vision") / "paligemma_tokenizer.model"
-_STANDIN_PATH = "../shared/golden/tokenizer/tiny_paligemma_standin.model"
 # `path` value that selects the 1024-piece stand-in bundled with the package (made by
 # scripts/make_standin_tokenizer.py), so vocab-1024 configs run without the real tokenizer.
 STANDIN = "standin"
@@ -61,8 +60,7 @@ def resolve_tokenizer_path(path: str | os.PathLike[str] | None = None) -> pathli
         f"PaliGemma tokenizer model not found (tried {', '.join(map(str, candidates))}); it is openpi's "
         f"{TOKENIZER_URL} (pass that URL to download it; openpi downloads it into $OPENPI_DATA_HOME or "
         f"~/.cache/openpi, under {_RELATIVE_PATH}); small vocab-1024 configs use --tokenizer_path={STANDIN}, "
-        f"the stand-in bundled at {_BUNDLED_STANDIN} (rebuilt by scripts/make_standin_tokenizer.py); golden "
-        f"parity tests use {_STANDIN_PATH}"
+        f"the stand-in bundled at {_BUNDLED_STANDIN} (rebuilt by scripts/make_standin_tokenizer.py)"
     )
 
 
