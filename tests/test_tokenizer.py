@@ -82,7 +82,7 @@ def test_missing_file_lists_paths(tmp_path: pathlib.Path, monkeypatch: pytest.Mo
     assert str(tmp_path / "data" / "big_vision" / "paligemma_tokenizer.model") in msg
     assert str(tmp_path / "home" / ".cache" / "openpi" / "big_vision" / "paligemma_tokenizer.model") in msg
     assert "gs://big_vision/paligemma_tokenizer.model" in msg
-    assert "tiny_paligemma_standin.model" in msg
+    assert "--tokenizer_path=standin" in msg and "standin_tokenizer.model" in msg
 
     with pytest.raises(FileNotFoundError, match=r"nowhere\.model"):
         resolve_tokenizer_path(tmp_path / "nowhere.model")
