@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from absl import flags
+
+from oxygen_jax import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Each case starts a Python with JAX (~5-10 s): the default run covers one script of each kind.
@@ -139,3 +142,31 @@ def test_mesh_flag_reaches_configs_loaded_by_name():
     run = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "[('engine.max_slots', 3), ('engine.mesh', 'data:1')]"
+
+
+@pytest.mark.parametrize(
+    ("given", "value", "stderr"),
+    [
+        ([], 10, ""),
+        (["--num_steps=5"], 5, ""),
+        (["--steps=3"], 3, "warning: --steps is deprecated here: use --num_steps\n"),
+    ],
+)
+def test_a_deprecated_flag_name_still_gives_its_value_with_a_warning(given, value, stderr, capsys):
+    values = flags.FlagValues()
+    new = flags.DEFINE_integer("num_steps", 10, "Denoising steps.", flag_values=values)
+    old = flags.DEFINE_integer("steps", None, "Deprecated: use --num_steps.", flag_values=values)
+    values(["tool", *given])
+    assert cli.renamed(new, old) == value
+    assert capsys.readouterr().err == stderr
+
+
+def test_giving_a_flag_and_its_deprecated_name_is_one_line(capsys):
+    values = flags.FlagValues()
+    new = flags.DEFINE_integer("num_steps", 10, "Denoising steps.", flag_values=values)
+    old = flags.DEFINE_integer("steps", None, "Deprecated: use --num_steps.", flag_values=values)
+    values(["tool", "--steps=3", "--num_steps=5"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.renamed(new, old)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: give --num_steps only (--steps is its deprecated name)\n"

@@ -228,9 +228,9 @@ def define_policy_flags(default_config: str) -> PolicyFlags:
 
 def renamed(new: flags.FlagHolder, old: flags.FlagHolder) -> Any:
     """The value of flag `new`, or of `old`, its deprecated former name, with a one-line warning."""
-    if not flags.FLAGS[old.name].present:
+    if not old.present:
         return new.value
-    if flags.FLAGS[new.name].present:
+    if new.present:
         fail(f"give --{new.name} only (--{old.name} is its deprecated name)")
     print(f"warning: --{old.name} is deprecated here: use --{new.name}", file=sys.stderr)
     return old.value
@@ -337,10 +337,6 @@ def build_engine(cfg, checkpoint_dir: str | None, seed: int = 0, params_dtype: s
         model_config, config.checkpoint_for(cfg, checkpoint_dir), seed=seed, dtype=params_dtype
     )
     return Engine(params, model_config, mesh=mesh.mesh_from_spec(cfg.engine.mesh))
-
-
-# The scripts' name for the config's tokenizer.
-build_tokenizer = config.build_tokenizer
 
 
 def parse_flags(argv: list[str]) -> list[str]:

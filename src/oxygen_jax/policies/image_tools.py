@@ -24,11 +24,6 @@ def parse_image(image: np.ndarray) -> np.ndarray:
     return image
 
 
-def uint8_to_float(image: np.ndarray) -> np.ndarray:
-    """uint8 [0, 255] -> float32 [-1, 1], the range the vision encoder expects."""
-    return np.asarray(image).astype(np.float32) / 255.0 * 2.0 - 1.0
-
-
 def resize_with_pad(
     images: np.ndarray, height: int, width: int, method: Image.Resampling = Image.Resampling.BILINEAR
 ) -> np.ndarray:

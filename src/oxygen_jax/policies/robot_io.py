@@ -202,17 +202,3 @@ def _checked_prompt(prompt: Any, max_chars: int) -> str:
     if len(prompt) > max_chars:
         raise InvalidRequest(f"'prompt': {len(prompt)} characters, at most {max_chars} are accepted")
     return prompt
-
-
-def __getattr__(name: str):
-    """`ObservationError` is now `errors.InvalidRequest` (still a ValueError); the old name warns."""
-    if name == "ObservationError":
-        import warnings
-
-        from oxygen_jax.errors import InvalidRequest
-
-        warnings.warn(
-            "robot_io.ObservationError is now errors.InvalidRequest", DeprecationWarning, stacklevel=2
-        )
-        return InvalidRequest
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,7 +26,6 @@ _MAX_STEPS = flags.DEFINE_integer("max_steps", 600, "Control steps per rollout (
 _REPLAN = flags.DEFINE_integer(
     "replan_steps", 8, "Actions executed from each chunk before replanning.", lower_bound=1
 )
-_HORIZON = flags.DEFINE_integer("open_loop_horizon", None, "Deprecated: use --replan_steps.", lower_bound=1)
 _VIDEO = flags.DEFINE_bool("save_video", True, "Write a video of the exterior camera per rollout.")
 _OUT = cli.define_out_flag("eval_results/droid", "Folder for results, CSV and videos.")
 # Robot.
@@ -88,7 +87,7 @@ def main(_):
     realtime = _REALTIME.value or _MODE.value == "robot"
     settings = droid.Settings(
         max_steps=_MAX_STEPS.value,
-        open_loop_horizon=cli.renamed(_REPLAN, _HORIZON),
+        open_loop_horizon=_REPLAN.value,
         control_hz=droid.CONTROL_HZ if realtime else None,
         save_video=_VIDEO.value,
     )

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from oxygen_jax import cli, preflight
+from oxygen_jax import cli, config, preflight
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.guidance import SCHEDULES
 from oxygen_jax.models import inputs
@@ -158,7 +158,7 @@ def main(_):
         f" (first call {denoise_first:.2f} s)",
     ]
     if max_text > 0:
-        tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
+        tokenizer = config.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
         text, text_first, text_s = _timed(
             lambda: engine.generate(
                 cache,
@@ -174,7 +174,7 @@ def main(_):
         lines.append(f"text {max_text} tokens {text_s * 1e3:.1f} ms (first call {text_first:.2f} s)")
         lines += [f"  row {i}: {str(t)!r}" for i, t in enumerate(out["text"])]
     if _TEXT_TASKS.value:
-        tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
+        tokenizer = config.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
         out.update(_text_tasks(engine, tokenizer, cache, batch, max_text, lines))
     if _SCORE.value:
         tokens = np.load(_SCORE.value)

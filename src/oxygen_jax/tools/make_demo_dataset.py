@@ -8,8 +8,8 @@ subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_
 `--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
 gripper going around a block on a random side, see oxygen_jax.table_task.detour); `--task=detour_recovery`
 adds recovery episodes to them, a third of all (what `pi05_detour_prefix` is trained on: after going
-straight on past the point where the others turn, back beside the block). `--scenes` is the old
-name of `--episodes`; it still works, with a warning. No model is loaded: there is no default config.
+straight on past the point where the others turn, back beside the block). No model is loaded: there is
+no default config.
 """
 
 from absl import flags
@@ -34,13 +34,12 @@ _TASK = flags.DEFINE_enum(
 _EPISODES = flags.DEFINE_integer(
     "episodes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
 )
-_SCENES = flags.DEFINE_integer("scenes", None, "Deprecated: use --episodes.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out scenes use another).")
 
 
 def main(_):
     default_episodes, record_dataset = _RECORDERS[_TASK.value]
-    num_scenes = cli.renamed(_EPISODES, _SCENES) or default_episodes
+    num_scenes = _EPISODES.value or default_episodes
     preflight.writable(_OUT.value, folder=True)
     try:
         root = record_dataset(_OUT.value, num_scenes, _SEED.value)

@@ -130,7 +130,7 @@ def main(_):
     # A recorded stream is opened first, so a wrong --obs_dir fails before the model is built.
     recorded = observations.npz_stream(_OBS_DIR.value) if _OBS_DIR.value else None
     engine = cli.build_engine(cfg, _MODEL.checkpoint_dir.value, _SEED.value, _MODEL.params_dtype_value())
-    tokenizer = cli.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
+    tokenizer = config.build_tokenizer(cfg, _MODEL.tokenizer_path.value)
     max_new = cli.max_text_tokens(_MAX_TEXT, cfg)
     lengths = tuple(int(x) for x in _LENGTHS.value) if _ARRIVALS.value == "random_length" else (max_new,)
     max_new = max(max_new, *lengths)

@@ -10,8 +10,7 @@
   # the demo model (the shipped one, or --checkpoint_dir=RUN) and the untrained one on held-out scenes
   oxygen-train --config=pi05_demo --eval_only --out=DIR     # writes DIR/demo_eval.json
 
-Default config: pi05_demo, the demo model shipped in the package (docs/cli.md). `--num_steps` is the
-old name of `--train_steps` (elsewhere it means denoising steps); it still works, with a warning.
+Default config: pi05_demo, the demo model shipped in the package (docs/cli.md).
 Training plots its loss with matplotlib (the `train` extra brings it).
 
 The recipe, the loss weights, LoRA and freezing are the config's `training` section (override with
@@ -54,7 +53,6 @@ _SYNTHETIC = flags.DEFINE_bool("synthetic", False, "Train on a tiny synthetic se
 _TRAIN_STEPS = flags.DEFINE_integer(
     "train_steps", None, "Train until this step (config's training.num_train_steps).", lower_bound=1
 )
-_NUM_STEPS = flags.DEFINE_integer("num_steps", None, "Deprecated: use --train_steps.", lower_bound=1)
 _LOSS_ON = flags.DEFINE_string("loss_on", None, "npz batch (train_io `in/...` keys) to evaluate the loss on.")
 _OUT = flags.DEFINE_string(
     "out",
@@ -70,7 +68,6 @@ _EVAL_ONLY = flags.DEFINE_bool(
 _EPISODES = flags.DEFINE_integer(
     "episodes", 100, "Held-out scenes (an episode each) for --eval_only.", lower_bound=1
 )
-_EVAL_SCENES = flags.DEFINE_integer("eval_scenes", None, "Deprecated: use --episodes.", lower_bound=1)
 
 
 def _eval_only(cfg) -> None:
@@ -80,7 +77,7 @@ def _eval_only(cfg) -> None:
         cli.fail(f"--eval_only scores the table demo task; config {cfg.name!r} has robot {cfg.robot!r}")
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
-    episodes = cli.renamed(_EPISODES, _EVAL_SCENES)
+    episodes = _EPISODES.value
     try:
         report = scoring.eval_report(cfg, _CHECKPOINT.value, episodes)
     except (ValueError, FileNotFoundError) as e:
@@ -190,7 +187,7 @@ def _train(cfg) -> None:
             run_dir=_RUN_DIR.value,
             init_params=init_params,
             norm_stats=norm_stats,
-            num_steps=cli.renamed(_TRAIN_STEPS, _NUM_STEPS),
+            num_steps=_TRAIN_STEPS.value,
         )
     except (ValueError, FileNotFoundError, inputs.InputError) as e:
         cli.fail(str(e))
