@@ -27,4 +27,4 @@ for e in 6 5; do
       --rtc_schedule=linear --max_guidance_weight=10
   done
 done
-python $out/chunk_error.py 2>/dev/null
+python scripts/detour_chunk_error.py --out="$out/chunk_error.json" 2>/dev/null

@@ -65,4 +65,4 @@ for d in 2 3; do
   python scripts/eval_table.py --episodes=1000 --seed=1 --out="$out/rtc_ones_b7_d${d}_e5_seed1_1000" \
     --execution=rtc --delay_steps=$d --execution_horizon=5 --rtc_schedule=ones --max_guidance_weight=7 2>/dev/null
 done
-python "$out/plot.py"
+python scripts/plot_detour_tradeoff.py --runs="$out"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pi05_detour_prefix's config trained for 12000 steps instead of 24000: its 1000-episode runs and sweep, as
-# ../run.sh. collisions.json is `closed_loop/diagnosis/collisions.py pi05_detour_prefix 1000` on this
-# model. Run from the repository root (training ~34 min on the 2-core CPU, the runs ~26 min):
+# ../run.sh. collisions.json is `python scripts/detour_collisions.py --config=pi05_detour_prefix
+# --checkpoint_dir=runs/pi05_detour_prefix_steps_12000 --episodes=1000 --out=<this folder>/collisions.json`.
+# Run from the repository root (training ~34 min on the 2-core CPU, the runs ~26 min):
 #   bash benchmarks/results/cpu-2core/closed_loop_prefix/steps_12000/run.sh
 set -euo pipefail
 bash benchmarks/results/cpu-2core/closed_loop_prefix/retrain_steps.sh 12000

@@ -1,11 +1,11 @@
-"""What precedes a collision on the detour task: a change of side between the chunk the gripper was
+r"""What precedes a collision on the detour task: a change of side between the chunk the gripper was
 executing and the chunk before it, or none (the executed chunk itself leads into the block). Runs the
 closed loop as `eval_table.py` does (same held-out scenes and noise streams, seed 0, 200 episodes per
-row) and prints one table row per setting; writes collisions.json next to this file. With a config
-name and a number of episodes, that model's rows go to collisions_<config>.json:
+row by default), prints one table row per setting and writes the rows to OUT as JSON:
 
-  python benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.py
-  python benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.py pi05_detour_wide 1000
+  python scripts/detour_collisions.py --out=benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions.json
+  python scripts/detour_collisions.py --config=pi05_detour_wide --episodes=1000 \
+    --out=benchmarks/results/cpu-2core/closed_loop/diagnosis/collisions_pi05_detour_wide.json
 
 A chunk's side is where its actions within 0.1 of the block's height pass the block's centre (left or
 right by more than 0.05; none when no action is that close to the block's height).
@@ -13,18 +13,23 @@ right by more than 0.05; none when no action is that close to the block's height
 
 import json
 import pathlib
-import sys
 
 import numpy as np
 import tqdm
+from absl import flags
 
+from oxygen_jax import cli
 from oxygen_jax.client import simulated
 from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.table_task import closed_loop, detour
 
-HERE = pathlib.Path(__file__).resolve().parent
-EPISODES = 200
+_CONFIG = flags.DEFINE_string(
+    "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
+)
+_CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "Checkpoint (default: the config's shipped one).")
+_EPISODES = flags.DEFINE_integer("episodes", 200, "Held-out episodes per setting.", lower_bound=1)
+_OUT = flags.DEFINE_string("out", None, "JSON file to write the rows to.", required=True)
 SETTINGS = [  # execution, d, E
     ("sync", 0, 6),
     ("naive", 4, 6),
@@ -105,8 +110,9 @@ def run(policy: Policy, execution: str, delay: int, horizon: int, episodes: int)
     }
 
 
-def main(config_name: str = "pi05_detour", episodes: int = EPISODES) -> None:
-    policy = closed_loop.load_policy(config_name, None)
+def main(_) -> None:
+    policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
+    episodes = _EPISODES.value
     rows = [run(policy, *setting, episodes) for setting in SETTINGS]
     print(f"| mode | d | E | collisions (of {episodes}) | after a change of side |")
     print("|---|---|---|---|---|")
@@ -115,9 +121,8 @@ def main(config_name: str = "pi05_detour", episodes: int = EPISODES) -> None:
             f"| {r['execution']} | {r['delay_steps']} | {r['execution_horizon']} | {r['collisions']} |"
             f" {r['after_a_side_change']} |"
         )
-    name = "collisions.json" if config_name == "pi05_detour" else f"collisions_{config_name}.json"
-    (HERE / name).write_text(json.dumps(rows, indent=1) + "\n")
+    pathlib.Path(_OUT.value).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:2], *map(int, sys.argv[2:3]))
+    cli.run(main)

@@ -1,10 +1,10 @@
 """How far each index of a detour model's chunk lands from the demonstration, for `pi05_detour` and
-`pi05_detour_wide`: on 40 held-out scenes, from every third position of both sides' demonstrations, one
-chunk per position (seeded action noise), its error per index = |action - the demonstration's position
-for that step| (table units), against the side whose demonstration the whole chunk is nearer to. Prints a
-table and writes chunk_error.json next to this file.
+`pi05_detour_wide`: on 40 held-out and 40 training scenes (--episodes), from every third position of both
+sides' demonstrations, one chunk per position (seeded action noise), its error per index = |action - the
+demonstration's position for that step| (table units), against the side whose demonstration the whole
+chunk is nearer to. Prints a table and writes the rows to OUT as JSON.
 
-  python benchmarks/results/cpu-2core/closed_loop_wide/chunk_error.py
+  python scripts/detour_chunk_error.py --out=benchmarks/results/cpu-2core/closed_loop_wide/chunk_error.json
 """
 
 import json
@@ -12,13 +12,15 @@ import pathlib
 
 import numpy as np
 import tqdm
+from absl import flags
 
+from oxygen_jax import cli
 from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.table_task import closed_loop, detour
 
-HERE = pathlib.Path(__file__).resolve().parent
-SCENES = 40
+_EPISODES = flags.DEFINE_integer("episodes", 40, "Scenes per model and scene set.", lower_bound=1)
+_OUT = flags.DEFINE_string("out", None, "JSON file to write the rows to.", required=True)
 STRIDE = 3
 
 
@@ -28,7 +30,7 @@ def chunk_errors(policy: Policy, scene_seed: int, label: str) -> np.ndarray:
     infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng(0))
     stream = detour.scenes(scene_seed)
     errors = []
-    for _ in tqdm.trange(SCENES, desc=label, unit="scene"):
+    for _ in tqdm.trange(_EPISODES.value, desc=label, unit="scene"):
         scene = next(stream)
         paths = [scene.path(side) for side in detour.SIDES]
         # Each demonstration held at the cube past its end, so every step of a chunk has a target.
@@ -43,7 +45,7 @@ def chunk_errors(policy: Policy, scene_seed: int, label: str) -> np.ndarray:
     return np.array(errors)
 
 
-def main() -> None:
+def main(_) -> None:
     rows = []
     for name in ("pi05_detour", "pi05_detour_wide"):
         policy = closed_loop.load_policy(name, None)
@@ -65,8 +67,8 @@ def main() -> None:
         for figure in ("mean", "p95"):
             values = " | ".join(f"{v:.3f}" for v in row[figure])
             print(f"| {row['model']} | {row['scenes']} | {figure} | {values} |")
-    (HERE / "chunk_error.json").write_text(json.dumps(rows, indent=1) + "\n")
+    pathlib.Path(_OUT.value).write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)
