@@ -9,7 +9,8 @@ from conftest import ACTIONS_ATOL, E2E, GOLDEN, VARIANTS, make_policy, raw_obser
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.models import inputs
-from oxygen_jax.policies.policy import RequestOptions, Speech
+from oxygen_jax.policies.policy import Speech
+from oxygen_jax.policies.request_options import RequestOptions
 
 pytestmark = pytest.mark.timeout(60)
 

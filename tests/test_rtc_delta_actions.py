@@ -17,7 +17,8 @@ from fake_engine import FakeEngine
 from oxygen_jax.client import protocol
 from oxygen_jax.policies import aloha
 from oxygen_jax.policies.normalization import NormStats
-from oxygen_jax.policies.policy import RequestOptions, create_policy
+from oxygen_jax.policies.policy import create_policy
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import RobotChunks, RtcPolicy, align
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest

@@ -11,8 +11,8 @@ from oxygen_jax.client import Executor, ExecutorConfig, SimClock, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import UserError
 from oxygen_jax.models import inputs
-from oxygen_jax.policies import sampling
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies import chunk_choice
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import GuidanceSettings, RtcError, RtcPolicy, align, draw_noise, seeded_infer
 
 NOISE = E2E["in/noise"]
@@ -212,7 +212,7 @@ def test_fresh_samples_draw_several_chunks_for_a_request_without_rtc_only(policy
     rtc_policy = RtcPolicy(policy, fresh_samples=5)
     first = rtc_policy.infer(raw_observation(), noise=noises)
     alone = np.stack([policy.infer(raw_observation(), noise=n)["actions"] for n in noises])
-    np.testing.assert_allclose(first["actions"], alone[sampling.densest(alone)], atol=1e-5)
+    np.testing.assert_allclose(first["actions"], alone[chunk_choice.densest(alone)], atol=1e-5)
     assert first[protocol.CHUNK_ID] == 0
     continued = {**raw_observation(), protocol.RTC: {"executed": 2, "delay": 1}}
     with pytest.raises(UserError, match=r"'noise': expected shape \[1, 10, 32\]"):

@@ -23,7 +23,7 @@ from oxygen_jax.client import Executor, ExecutorConfig, protocol
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.models import inputs
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import align
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import SessionServerBackend

@@ -16,7 +16,7 @@ from fake_engine import FakeEngine
 
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import RtcError, align
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest

@@ -7,7 +7,7 @@ import pytest
 from conftest import make_policy, raw_observation
 from hypothesis import HealthCheck, given, settings
 
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 

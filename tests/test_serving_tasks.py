@@ -14,7 +14,7 @@ from conftest import (
 )
 
 from oxygen_jax.engine.compile_counter import CompileCounter
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest

@@ -292,7 +292,7 @@ def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
                 "fresh_samples",
                 1,
                 "Chunks a request without rtc (the first, every sync one) draws; the one inside the motion "
-                "most of them took is kept (policies/sampling.py).",
+                "most of them took is kept (policies/chunk_choice.py).",
                 lower_bound=1,
             )
         ),

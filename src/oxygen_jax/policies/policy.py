@@ -28,9 +28,9 @@ from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
-from oxygen_jax.policies import aloha, droid, libero, normalization, sampling, table, transforms
+from oxygen_jax.policies import aloha, chunk_choice, droid, libero, normalization, table, transforms
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
-from oxygen_jax.policies.request_options import integer_option, number_option
+from oxygen_jax.policies.request_options import RequestOptions, integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
 from oxygen_jax.tokenizer import Tokenizer, pad_or_truncate
@@ -43,10 +43,14 @@ MAX_TEMPERATURE = 100.0
 # A text task's instruction tokens (its suffix on the shared prefix; one compiled shape).
 MAX_TASK_TOKENS = 32
 MAX_SAMPLES = 64  # action chunks one request may draw (`RequestOptions.samples`)
+_DEFAULT_OPTIONS = RequestOptions()  # frozen: one shared default
 
 
 @dataclasses.dataclass(frozen=True)
-class _Robot:
+class _RobotKind:
+    """What a policy needs of one kind of robot (a config's `robot`): its transforms, raw observation and
+    action dims."""
+
     make_pipeline: Callable[..., transforms.Pipeline]
     raw_spec: RawSpec
     action_dim: int
@@ -56,24 +60,24 @@ class _Robot:
 
 
 _ROBOTS = {
-    "libero": _Robot(libero.make_libero_pipeline, libero.RAW_SPEC, libero.ACTION_DIM),
-    "droid": _Robot(droid.make_droid_pipeline, droid.RAW_SPEC, droid.ACTION_DIM),
+    "libero": _RobotKind(libero.make_libero_pipeline, libero.RAW_SPEC, libero.ACTION_DIM),
+    "droid": _RobotKind(droid.make_droid_pipeline, droid.RAW_SPEC, droid.ACTION_DIM),
     # openpi's pi05_aloha policy metadata: the arm pose clients reset to.
-    "aloha": _Robot(
+    "aloha": _RobotKind(
         aloha.make_aloha_pipeline, aloha.RAW_SPEC, aloha.ACTION_DIM, {"reset_pose": [0, -1.5, 1.5, 0, 0, 0]}
     ),
     # openpi's ALOHA sim data (pi0_aloha_sim): absolute joint actions and the one task's prompt.
-    "aloha_sim": _Robot(
+    "aloha_sim": _RobotKind(
         functools.partial(aloha.make_aloha_pipeline, use_delta_joint_actions=False),
         aloha.RAW_SPEC,
         aloha.ACTION_DIM,
         default_prompt="Transfer cube",
     ),
-    "table": _Robot(table.make_table_pipeline, table.RAW_SPEC, table.ACTION_DIM),
+    "table": _RobotKind(table.make_table_pipeline, table.RAW_SPEC, table.ACTION_DIM),
 }
 
 
-def robot(cfg) -> _Robot:
+def robot(cfg) -> _RobotKind:
     """The robot a config names (`cfg.robot`), or a one-line error listing the known ones."""
     found = _ROBOTS.get(cfg.robot)
     if found is None:
@@ -115,30 +119,6 @@ class _FittingPrompt:
         if len(tokens) > max_len and (state is None or len(self.tokenizer.prompt_tokens(prompt)) > max_len):
             raise InvalidRequest(f"prompt too long: it does not fit in max_token_len {max_len} tokens")
         return pad_or_truncate(tokens, max_len)
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestOptions:
-    """One request's options, as `Policy.infer` takes them (None: the policy's own).
-
-    noise: [H, action_dim] (or [samples, H, action_dim]) makes the action sample deterministic;
-    samples: how many action chunks to draw from the observation's one prefill, keeping the one inside the
-    motion most of them took (`policies.sampling`; the inline path, `infer` and `execute`, only);
-    prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
-    temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
-    language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix;
-    guidance: real-time chunking towards the robot's previous chunk: in model space as given, or as the
-    robot executes it (`ExecutedChunkGuidance`, expressed in this request's model space; `policies.rtc`).
-    """
-
-    noise: np.ndarray | None = None
-    samples: int = 1
-    prompt_for_text: bool | None = None
-    max_text_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    text_tasks: Any = None
-    guidance: ChunkGuidance | ExecutedChunkGuidance | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -239,7 +219,7 @@ class Policy:
     def prepare(
         self,
         obs: Mapping[str, Any],
-        options: RequestOptions = RequestOptions(),
+        options: RequestOptions = _DEFAULT_OPTIONS,
         *,
         max_tasks: int | None = None,
     ) -> PreparedRequest:
@@ -409,7 +389,7 @@ class Policy:
         if len(chunks) == 1:
             return 0
         executed = [self.io.outputs(prepared.state, chunk)["actions"] for chunk in chunks]
-        return sampling.densest(np.stack(executed))
+        return chunk_choice.densest(np.stack(executed))
 
     def action_noise(self, noise: np.ndarray, samples: int = 1) -> np.ndarray:
         """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as

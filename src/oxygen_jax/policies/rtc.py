@@ -26,7 +26,8 @@ from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
-from oxygen_jax.policies.policy import MAX_SAMPLES, Policy, RequestOptions
+from oxygen_jax.policies.policy import MAX_SAMPLES, Policy
+from oxygen_jax.policies.request_options import RequestOptions
 
 
 class RtcError(InvalidRequest, InvalidArgumentError):

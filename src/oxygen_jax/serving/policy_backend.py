@@ -34,7 +34,8 @@ import numpy as np
 
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies.policy import Policy, RequestOptions
+from oxygen_jax.policies.policy import Policy
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 

@@ -48,7 +48,8 @@ import numpy as np
 
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies.policy import MAX_TASK_TOKENS, Policy, PreparedRequest, RequestOptions, Speech
+from oxygen_jax.policies.policy import MAX_TASK_TOKENS, Policy, PreparedRequest, Speech
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import RobotChunks
 from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork

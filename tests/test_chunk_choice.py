@@ -1,12 +1,12 @@
-"""Choosing one action chunk among several samples (policies/sampling.py)."""
+"""Choosing one action chunk among several samples (policies/chunk_choice.py)."""
 
 import numpy as np
 import pytest
 from conftest import make_policy, raw_observation
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies import sampling
-from oxygen_jax.policies.policy import RequestOptions
+from oxygen_jax.policies import chunk_choice
+from oxygen_jax.policies.request_options import RequestOptions
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +26,17 @@ def test_a_chunk_between_two_motions_is_never_the_densest():
     left, right = _motion(-1, rng, 4), _motion(1, rng, 3)
     between = (left[:1] + right[:1]) / 2  # the average of the two motions: straight down
     chunks = np.concatenate([between, right, left])
-    assert sampling.neighbours(len(chunks)) == 2
+    assert chunk_choice.neighbours(len(chunks)) == 2
     # The densest lies in the motion most samples took (left: 4 of 8), never the average.
-    assert sampling.densest(chunks) >= 1 + len(right)
+    assert chunk_choice.densest(chunks) >= 1 + len(right)
 
 
 def test_one_motion_never_gives_its_outlier_and_ties_give_the_lowest_index():
     rng = np.random.default_rng(1)
     chunks = _motion(1, rng, 6)
     chunks[0] += 0.2  # far from the other five
-    assert sampling.densest(chunks) != 0
-    assert sampling.densest(np.zeros((2, 10, 2))) == 0
+    assert chunk_choice.densest(chunks) != 0
+    assert chunk_choice.densest(np.zeros((2, 10, 2))) == 0
 
 
 @pytest.mark.parametrize(
