@@ -7,6 +7,7 @@ import pytest
 from conftest import make_policy, raw_observation
 from hypothesis import HealthCheck, given, settings
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import RequestOptions
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
@@ -85,6 +86,17 @@ def test_a_bad_request_gets_its_own_error_and_the_frame_goes_on(session, noise, 
     assert isinstance(refused, ValueError) and named in str(refused)
     assert "\n" not in str(refused)
     np.testing.assert_array_equal(good["actions"], healthy_actions)
+
+
+@pytest.mark.parametrize("shape", [(1, 5000, 3), (3, 1, 5000), (5000, 1, 3)])
+def test_an_image_too_elongated_to_resize_is_refused_in_one_line(policy, shape):
+    """A 1x5000 image once resized to height 0 (a ValueError: a server fault); now it is a bad request."""
+    obs = raw_observation() | {"observation/image": np.zeros(shape, np.uint8)}
+    with pytest.raises(InvalidRequest, match=r"'observation/image': a .* image is too elongated to resize"):
+        policy.prepare(obs, RequestOptions())
+    elongated_but_usable = raw_observation() | {"observation/image": np.zeros((2, 448, 3), np.uint8)}
+    prepared = policy.prepare(elongated_but_usable, RequestOptions())
+    assert prepared.arrays["image/base_0_rgb"].shape[-3:] == (224, 224, 3)
 
 
 def test_an_extra_actions_key_is_ignored_and_harms_no_one(session, noise, healthy_actions):
