@@ -18,7 +18,8 @@ reports, as it happens. Without such a backend ``/text`` answers HTTP 404.
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
 map or too big a structure, see `request_decoding`, or a backend raising `InvalidRequest`) gets one line,
-``"Bad request: ... (error id ...)"``, logged at INFO. Anything else the backend raises is a server fault:
+``"Bad request: ... (error id ...)"``, logged at INFO once per connection and ``LOG_INTERVAL_S`` (one line
+counts the rest). Anything else the backend raises is a server fault:
 ``"Internal server error: <type> (error id ...)"``, its traceback logged at ERROR under the same id
 (``ServerLimits.debug_errors`` also sends it). Either way the connection keeps serving.
 
@@ -31,22 +32,31 @@ No client can stall or lock out the others (`ServerLimits`):
   address (off by default: behind a reverse proxy every client has the proxy's address);
 - a robot connection that sends nothing for ``idle_timeout_s`` is closed with 1001, and so is a
   subscriber that was sent no event and sent nothing for as long; a subscriber that stops reading is
-  closed (1008) once ``MAX_UNSENT_EVENTS`` wait for it. websockets hands fragments over as they arrive
-  (``recv_streaming``), so a message must arrive whole within ``receive_timeout_s`` of its first frame, or
-  its connection is closed with 1008 (a trickled single frame is bounded by the idle timeout, as no
-  part of it is handed over before its end);
+  closed with 1008 (policy violation: it broke the stream's terms; 1011 would say the server failed)
+  once an event waits unsent for ``idle_timeout_s`` or ``MAX_UNSENT_EVENTS`` wait for it. websockets
+  hands fragments over as they arrive (``recv_streaming``), so a message must arrive whole within
+  ``receive_timeout_s`` of its first frame, or its connection is closed with 1008 (a trickled single
+  frame is bounded by the idle timeout, as no part of it is handed over before its end);
 - with ``api_key`` set, robot connections and ``/text`` need the header openpi-client sends for its
-  ``api_key`` (`AUTH_HEADER`), else HTTP 401; ``/healthz`` and ``/readyz`` stay open. The ``Server``
-  header names no versions.
+  ``api_key`` (`AUTH_HEADER`), else HTTP 401; an address that failed ``FAILED_KEY_BURST`` times gets
+  HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second). ``/healthz`` and ``/readyz`` stay open.
+  The ``Server`` header names no versions;
+- what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
+  taken, in bytes per connection (``max_unread_mb``) and in all (``max_unread_total_mb``; past either,
+  reading pauses and TCP pushes back, but a connection with nothing unread is always read); requests per
+  connection and second (``max_requests_per_s``; past it each is refused unread); handshakes per second
+  (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
+  Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
 ``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
 ``infer_workers`` threads (default 1, because a plain policy need not be thread-safe).
 
-Draining (SIGTERM/SIGINT, or leaving `open_server`): the server stops accepting, answers every request
-already received or buffered on an open robot connection, then closes it with 1001, all within
-``drain_timeout_s``.
+Draining (SIGTERM/SIGINT, or leaving `open_server`): the server stops accepting; each robot connection
+answers the requests it received before the drain began (read, buffered, or partly arrived), refuses in
+one line each request already there that came after, then closes with 1001, so a drain ends while robots
+keep sending; whatever is open after ``drain_timeout_s`` is closed as it stands.
 """
 
 import asyncio
@@ -393,9 +403,9 @@ class _ConnectionHandler:
             served_metrics.watch(lambda: {"oxygen_unread_request_bytes": self._budget.unread})
 
     async def drain(self) -> None:
-        """Stops taking requests, answers every request already received or buffered on an open robot
-        connection, then closes it with 1001; `/text` streams close at once. Whatever is still open after
-        `drain_timeout_s` is closed as it stands."""
+        """Stops taking requests: each robot connection answers the requests it received before now
+        (its `owed`), refuses those after and closes with 1001; `/text` streams close at once. Whatever is
+        still open after `drain_timeout_s` gets `DRAIN_CLOSE_S` to close, then is cut."""
         for connection, kind in self._slots.items():
             if kind == ROBOT and isinstance(connection, _Connection):
                 connection.owed = len(connection.unread_sizes) + connection.receiving
