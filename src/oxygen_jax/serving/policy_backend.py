@@ -44,16 +44,36 @@ REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id
 
 def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
     """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id).
-    The options are checked by the policy (`policies.request_options`), as those of its text tasks."""
+    The options are checked by the policy (`policies.request_options`), as those of its text tasks; a
+    numpy time is refused here first (`_no_times`)."""
     obs = dict(obs)
     noise, max_text_tokens, temperature, top_p, robot_id = (obs.pop(name, None) for name in REQUEST_OPTIONS)
     options = {"noise": noise, "max_text_tokens": max_text_tokens, "temperature": temperature, "top_p": top_p}
+    for name, value in options.items():
+        _no_times(value, name)
     return obs, options, _robot_id(robot_id)
 
 
+def _no_times(value: Any, name: str) -> None:
+    """A numpy `timedelta64` is an `np.integer`, so it would pass as an integer option: no option value,
+    at the top of a request or inside its text tasks, may be a numpy time."""
+    stack = [value]
+    while stack:  # options and text tasks are small: the request's decoding bounded their containers
+        item = stack.pop()
+        if isinstance(item, np.timedelta64 | np.datetime64):
+            raise InvalidRequest(f"{name!r}: expected a number, got numpy {type(item).__name__}")
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+
+
 def _robot_id(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID):
-        raise InvalidRequest(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
+    """The robot's name, as replies and `/text` show it: printable (no newlines or terminal escapes)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID or not value.isprintable():
+        raise InvalidRequest(f"'robot_id': expected a printable string of 1 to {MAX_ROBOT_ID} characters")
     return value
 
 
@@ -97,6 +117,7 @@ class PolicyServerBackend:
 
     def infer(self, obs: dict) -> dict:
         obs, text_tasks = _split(obs, "text_tasks")
+        _no_times(text_tasks, "text_tasks")
         if protocol.RTC in obs:
             raise InvalidRequest("rtc: real-time chunking needs the streaming server (--language=stream)")
         obs, options, _ = _split_request(obs)
@@ -152,6 +173,7 @@ class SessionServerBackend:
 
     async def infer_async(self, obs: dict) -> dict:
         obs, text_tasks = _split(obs, "text_tasks")
+        _no_times(text_tasks, "text_tasks")
         obs, rtc = _split(obs, protocol.RTC)
         obs, options, robot_id = _split_request(obs)
         client = asyncio.current_task()
