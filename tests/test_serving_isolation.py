@@ -1,10 +1,14 @@
 """One robot's bad input never reaches another: each request is checked and canonicalized on its own."""
 
+import copy
+import logging
+
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import numpy as np
 import pytest
 from conftest import make_policy, raw_observation
+from fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 
 from oxygen_jax.errors import InvalidRequest
@@ -189,3 +193,25 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
         assert other["actions"].shape == (10, 7)
         np.testing.assert_allclose(good["actions"], healthy_actions, atol=1e-5, rtol=0)
     assert len(good["text_tokens"]) == previous + 1
+
+
+def test_a_prompt_cut_to_the_token_budget_is_warned_about_once_per_robot(caplog):
+    """With the discrete state in the prompt, a task of 40 tokens fits alone and is cut with the state,
+    as openpi does, with a warning: each robot sends it three times and gets one warning, not three."""
+    policy = copy.copy(make_policy("dsi1", "float32"))
+    policy.engine = FakeEngine(policy.engine.config)
+    session = MultiRobotSession(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
+    caplog.set_level(logging.WARNING, "oxygen_jax.tokenizer")
+    long_prompt = raw_observation() | {"prompt": "bowl " * 40}
+    try:
+        for _ in range(3):
+            requests = [RobotRequest(robot, long_prompt) for robot in "xy"]
+            assert all(isinstance(reply, dict) for reply in session.step(requests))
+    finally:
+        session.stop()
+    warnings = [record.getMessage() for record in caplog.records if record.name == "oxygen_jax.tokenizer"]
+    assert len(warnings) == 2 and all("truncating" in warning for warning in warnings)
+    assert {warning.rsplit("(", 1)[1] for warning in warnings} == {
+        "robot robot-0; once per robot)",
+        "robot robot-1; once per robot)",
+    }
