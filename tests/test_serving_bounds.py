@@ -14,6 +14,7 @@ from test_serving_hardening import STATE, StreamingBackend, ask, robot
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving.flow_control import ReadBudget
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
 
@@ -218,3 +219,33 @@ def test_a_text_subscriber_that_stops_reading_is_closed_with_1008():
         assert closed.value.rcvd.reason == "not reading: an event unsent for 0.5 s"
         assert received < 64
         assert metric(running.port, "oxygen_refusals_total", reason="slow_reader") == 1
+
+
+class FakeReader:
+    """A connection as `ReadBudget` sees it: its unread bytes and whether its reading is paused."""
+
+    def __init__(self) -> None:
+        self.unread_bytes = 0
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_unread():
+    budget = ReadBudget(per_connection=100, total=150)
+    hog, other, idle = FakeReader(), FakeReader(), FakeReader()
+    budget.received(hog, 101)
+    assert hog.paused and budget.unread == 101  # past its own bound
+    budget.received(other, 60)
+    assert other.paused  # the total (161) is past 150 and it has unread bytes
+    budget.taken(hog, 101)
+    assert not hog.paused and not other.paused and budget.unread == 60
+    budget.received(idle, 0)
+    budget.received(hog, 100)
+    assert not idle.paused and hog.paused  # 160 > 150: only those with unread bytes wait
+    budget.forget(hog)
+    assert budget.unread == 60 and not other.paused

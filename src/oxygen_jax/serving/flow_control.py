@@ -94,7 +94,10 @@ class TokenBucket:
 
 class LogThrottle:
     """Logs the first message per key and interval; the others of that interval are counted and reported
-    in one line when the next interval starts or the key is flushed."""
+    in one line when the next interval starts or the key is flushed. It remembers at most `MAX_KEYS`
+    keys (then flushes the oldest), however many clients come and go."""
+
+    MAX_KEYS = 4096
 
     def __init__(self, logger: logging.Logger, interval_s: float) -> None:
         self._logger = logger
@@ -110,6 +113,8 @@ class LogThrottle:
             self._since[key] = (start, held + 1, what)
             return
         self.flush(key)
+        if len(self._since) >= self.MAX_KEYS:
+            self.flush(next(iter(self._since)))
         self._since[key] = (now, 0, what)
         self._logger.log(level, message, *args)
 

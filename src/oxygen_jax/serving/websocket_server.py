@@ -369,9 +369,16 @@ class _Connection(ServerConnection):
 
     def took_message(self) -> None:
         """The handler took the oldest whole message: its bytes no longer count as unread."""
-        size = self.unread_sizes.popleft()
+        size = self.unread_sizes.popleft() if self.unread_sizes else 0  # none once the budget let go
         if self.budget is not None:
             self.budget.taken(self, size)
+
+    def leave_budget(self) -> None:
+        """The connection is gone: what it left unread (a handler may still take it) no longer counts."""
+        if self.budget is not None:
+            self.budget.forget(self)
+            self.budget = None
+            self.unread_sizes.clear()
 
     def pause_reading(self) -> None:
         self.transport.pause_reading()
@@ -555,7 +562,7 @@ class _ConnectionHandler:
         self._releases.discard(release)
         del self._slots[connection]
         if isinstance(connection, _Connection):
-            self._budget.forget(connection)
+            connection.leave_budget()
         address = _address(connection)
         self._per_ip[address] -= 1
         if not self._per_ip[address]:
