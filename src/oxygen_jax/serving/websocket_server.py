@@ -115,8 +115,10 @@ TEXT_PATH = "/text"
 ROBOT, TEXT = "robot", "text"
 # What openpi-client's `WebsocketClientPolicy(api_key=...)` sends.
 AUTH_HEADER = "Authorization: Api-Key <key>"
-# How long a draining server waits, after a connection's last byte, for a request already on its way.
-DRAIN_GRACE_S = 0.1
+# Requests that arrive within this of the drain's start (sent before it, still in the sockets' buffers)
+# count as received before it; and a draining server waits this long, after a connection's last byte,
+# for the rest of a request it owes.
+DRAIN_GRACE_S = 0.2
 # Text events a subscriber may leave unread before it is closed.
 MAX_UNSENT_EVENTS = 1024
 # A bad request's line quotes at most this much of the problem.
@@ -413,6 +415,7 @@ class _ConnectionHandler:
         """Stops taking requests: each robot connection answers the requests it received before now
         (its `owed`), refuses those after and closes with 1001; `/text` streams close at once. Whatever is
         still open after `drain_timeout_s` gets `DRAIN_CLOSE_S` to close, then is cut."""
+        await asyncio.sleep(DRAIN_GRACE_S)  # requests on their way at the signal are read meanwhile
         for connection, kind in self._slots.items():
             if kind == ROBOT and isinstance(connection, _Connection):
                 connection.owed = len(connection.unread_sizes) + connection.receiving
