@@ -3,13 +3,14 @@ handshakes per second, failed API keys per address, log lines per connection; an
 robots keep sending. Each against a small numpy backend on loopback, with small limits."""
 
 import logging
+import signal
 import threading
 import time
 from typing import Any
 
 import numpy as np
 import pytest
-from conftest import OPENPI_CLIENT_WARNING, metric_samples, websocket
+from conftest import OPENPI_CLIENT_WARNING, metric_samples, raw_observation, serve_script, websocket
 from test_serving_hardening import STATE, StreamingBackend, ask, robot
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -126,6 +127,51 @@ def test_the_drain_answers_what_came_before_refuses_what_came_after_and_ends_whi
             line.startswith("Server shutting down: request not served") for line in refused
         )
         assert received[: len(answered)] == answered  # refusals only after every answer
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_serve_exits_on_sigterm_well_within_the_drain_timeout_while_robots_keep_sending(tmp_path):
+    """serve.py on the tiny model: two robots send requests back to back without waiting for replies;
+    after SIGTERM each connection closes with 1001 and the process exits long before --drain_timeout_s."""
+    with serve_script(tmp_path, "--drain_timeout_s=60") as (process, port):
+        robots = [robot(port) for _ in range(2)]
+        message = msgpack_numpy.packb(raw_observation())
+        for connection in robots:  # warm-up: the first request compiles
+            connection.send(message)
+            assert isinstance(connection.recv(timeout=120), bytes)
+        closes: list[tuple[int | None, str | None]] = []
+
+        def keep_sending(connection: Any) -> None:
+            reader = threading.Thread(target=lambda: closes.append(drain_replies(connection)))
+            reader.start()
+            try:
+                while True:
+                    connection.send(message)
+                    time.sleep(0.005)
+            except ConnectionClosed:
+                reader.join(timeout=30)
+
+        senders = [threading.Thread(target=keep_sending, args=(connection,)) for connection in robots]
+        for sender in senders:
+            sender.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - start < 15  # --drain_timeout_s is 60
+        for sender in senders:
+            sender.join(timeout=30)
+        assert closes == [(1001, "server shutting down")] * 2
+
+
+def drain_replies(connection: Any) -> tuple[int | None, str | None]:
+    """Reads replies until the connection closes; its close code and reason."""
+    try:
+        while True:
+            connection.recv(timeout=60)
+    except ConnectionClosed:
+        return connection.close_code, connection.close_reason
 
 
 # --- rates and log lines ---
