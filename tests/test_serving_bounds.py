@@ -57,7 +57,7 @@ def pipelined_peak(limits: dict[str, Any]) -> float:
         sender.start()
         peak, deadline = 0.0, time.monotonic() + 0.6
         while time.monotonic() < deadline:
-            peak = max(peak, metric(running.port, "oxygen_unread_request_bytes"))
+            peak = max(peak, metric(running.port, "oxygen_pending_request_bytes"))
             np.testing.assert_array_equal(ask(healthy, {"state": STATE})["actions"], STATE * 3)
         replies = [hog.recv(timeout=10) for _ in range(30)]
         sender.join(timeout=10)
@@ -68,18 +68,18 @@ def pipelined_peak(limits: dict[str, Any]) -> float:
 def test_pipelined_large_requests_are_held_back_in_bytes_and_all_answered():
     """Unread requests stay within the per-connection bound plus the one that crossed it and one read of
     the socket; TCP holds the rest back. Without the bound the server holds several times as much."""
-    bounded = pipelined_peak({"max_unread_mb": 0.5, "max_unread_total_mb": 0.6})
+    bounded = pipelined_peak({"max_pending_mb": 0.5, "max_pending_total_mb": 0.6})
     assert 0 < bounded <= 0.5 * 2**20 + 2 * 2**18 + 2**18
-    assert pipelined_peak({"max_unread_mb": None, "max_unread_total_mb": None}) > 2 * bounded
+    assert pipelined_peak({"max_pending_mb": None, "max_pending_total_mb": None}) > 2 * bounded
 
 
 def test_a_robot_that_waits_for_its_replies_is_never_held_back_by_the_total():
     """The total bound is far below one request: a robot with nothing unread still gets each in."""
-    with served(max_unread_mb=0.01, max_unread_total_mb=0.01) as running, robot(running.port) as healthy:
+    with served(max_pending_mb=0.01, max_pending_total_mb=0.01) as running, robot(running.port) as healthy:
         big = {"state": STATE, "padding": np.zeros(2**20, np.uint8)}
         for _ in range(3):
             np.testing.assert_array_equal(ask(healthy, big)["actions"], STATE * 3)
-        assert metric(running.port, "oxygen_unread_request_bytes") == 0
+        assert metric(running.port, "oxygen_pending_request_bytes") == 0
 
 
 # --- the drain ends while robots keep sending ---
@@ -271,7 +271,7 @@ class FakeReader:
     """A connection as `ReadBudget` sees it: its unread bytes and whether its reading is paused."""
 
     def __init__(self) -> None:
-        self.unread_bytes = 0
+        self.pending_bytes = 0
         self.paused = False
 
     def pause_reading(self) -> None:
@@ -285,13 +285,13 @@ def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_no
     budget = ReadBudget(per_connection=100, total=150)
     hog, other, idle = FakeReader(), FakeReader(), FakeReader()
     budget.received(hog, 101)
-    assert hog.paused and budget.unread == 101  # past its own bound
+    assert hog.paused and budget.pending == 101  # past its own bound
     budget.received(other, 60)
     assert other.paused  # the total (161) is past 150 and it has unread bytes
-    budget.taken(hog, 101)
-    assert not hog.paused and not other.paused and budget.unread == 60
+    budget.released(hog, 101)
+    assert not hog.paused and not other.paused and budget.pending == 60
     budget.received(idle, 0)
     budget.received(hog, 100)
     assert not idle.paused and hog.paused  # 160 > 150: only those with unread bytes wait
     budget.forget(hog)
-    assert budget.unread == 60 and not other.paused
+    assert budget.pending == 60 and not other.paused

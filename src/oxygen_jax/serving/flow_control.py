@@ -1,10 +1,10 @@
-"""The server's bounds on what clients may make it hold or do per second: unread bytes, request and
+"""The server's bounds on what clients may make it hold or do per second: pending bytes, request and
 handshake rates, and log lines (`websocket_server` applies them).
 
-- `ReadBudget`: bytes a connection received that its handler has not taken yet, counted per connection and
-  for the server. Past either bound the connection stops being read (TCP pushes back on the client) until
-  its handler takes its requests; a connection with nothing unread is never paused, so a robot that waits
-  for each reply is never slowed by others' backlog.
+- `ReadBudget`: bytes of the requests a connection sent that the server has not answered yet (read or
+  not), counted per connection and for the server. Past either bound the connection stops being read
+  (TCP pushes back on the client) until its requests are answered; a connection with nothing pending is
+  never paused, so a robot that waits for each reply is never slowed by others' backlog.
 - `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes,
   failed API keys of one address).
 - `LogThrottle`: the first line of a kind per key and interval, then one line that counts the rest, so a
@@ -20,7 +20,7 @@ from typing import Protocol
 class Reader(Protocol):
     """A connection whose reading can be paused (its transport's)."""
 
-    unread_bytes: int
+    pending_bytes: int
 
     def pause_reading(self) -> None: ...
 
@@ -28,37 +28,37 @@ class Reader(Protocol):
 
 
 class ReadBudget:
-    """Unread bytes per connection (`per_connection`) and in all (`total`); None: no bound."""
+    """Pending bytes per connection (`per_connection`) and in all (`total`); None: no bound."""
 
     def __init__(self, per_connection: int | None, total: int | None) -> None:
         self.per_connection = per_connection
         self.total = total
-        self.unread = 0
+        self.pending = 0
         self._paused: set[Reader] = set()
 
     def received(self, reader: Reader, size: int) -> None:
-        reader.unread_bytes += size
-        self.unread += size
+        reader.pending_bytes += size
+        self.pending += size
         if reader not in self._paused and self._over(reader):
             self._paused.add(reader)
             reader.pause_reading()
 
-    def taken(self, reader: Reader, size: int) -> None:
-        reader.unread_bytes -= size
-        self.unread -= size
+    def released(self, reader: Reader, size: int) -> None:
+        reader.pending_bytes -= size
+        self.pending -= size
         for paused in [paused for paused in self._paused if not self._over(paused)]:
             self._paused.discard(paused)
             paused.resume_reading()
 
     def forget(self, reader: Reader) -> None:
-        """The connection is gone: what it left unread no longer counts."""
+        """The connection is gone: what it left pending no longer counts."""
         self._paused.discard(reader)
-        self.taken(reader, reader.unread_bytes)
+        self.released(reader, reader.pending_bytes)
 
     def _over(self, reader: Reader) -> bool:
-        if self.per_connection is not None and reader.unread_bytes > self.per_connection:
+        if self.per_connection is not None and reader.pending_bytes > self.per_connection:
             return True
-        return self.total is not None and self.unread > self.total and reader.unread_bytes > 0
+        return self.total is not None and self.pending > self.total and reader.pending_bytes > 0
 
 
 class TokenBucket:

@@ -52,7 +52,7 @@ LIVE = {
     "oxygen_connected_robots": ("Robots connected that sent an observation.", False),
     "oxygen_ready": ("1 once warm-up compiled every program.", False),
     "oxygen_compilations_after_warmup": ("XLA compilations in this process after warm-up.", True),
-    "oxygen_unread_request_bytes": ("Bytes of requests received that no handler took yet.", False),
+    "oxygen_pending_request_bytes": ("Bytes of requests received and not yet answered.", False),
 }
 
 

@@ -42,10 +42,11 @@ No client can stall or lock out the others (`ServerLimits`):
   HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second). ``/healthz`` and ``/readyz`` stay open.
   The ``Server`` header names no versions;
 - what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
-  taken, in bytes per connection (``max_unread_mb``) and in all (``max_unread_total_mb``; past either,
-  reading pauses and TCP pushes back, but a connection with nothing unread is always read); requests per
-  connection and second (``max_requests_per_s``; past it each is refused unread); handshakes per second
-  (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
+  answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
+  either, reading pauses and TCP pushes back, but a connection with nothing pending is always read);
+  requests per connection and second (``max_requests_per_s``; past it each is refused unread);
+  handshakes per second (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``,
+  then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
 Each connection handles its requests in order, but connections are served concurrently, so requests from
@@ -150,8 +151,8 @@ class ServerLimits:
     debug_errors: bool = False
     # Requests received and not yet taken by the handler: a robot waits for each reply, so it has none
     # (an observation with three 224x224 cameras is 0.5 MB); past these, reading pauses.
-    max_unread_mb: float | None = 4.0  # per connection
-    max_unread_total_mb: float | None = 256.0
+    max_pending_mb: float | None = 4.0  # per connection
+    max_pending_total_mb: float | None = 256.0
     # Per connection, in bursts of as many: far above any robot's control rate. Past it: refused.
     max_requests_per_s: float | None = 500.0
     # New websocket connections in all, in bursts of as many; past it a handshake waits its turn.
@@ -181,7 +182,7 @@ async def open_server(
             port,
             compression=None,
             max_size=_bytes(limits.max_message_mb),
-            max_queue=None,  # unread requests are bounded in bytes (`ReadBudget`), not in frames
+            max_queue=None,  # pending requests are bounded in bytes (`ReadBudget`), not in frames
             process_request=handler.admit,
             server_header=None,
             create_connection=_Connection,
@@ -339,7 +340,7 @@ class _Connection(ServerConnection):
     budget: ReadBudget | None = None  # set at admission
     last_data = 0.0
     last_frame = 0.0
-    unread_bytes = 0
+    pending_bytes = 0
     owed: int | None = None  # draining: requests still to answer (those received before the drain)
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -369,14 +370,17 @@ class _Connection(ServerConnection):
         """Whether part of a message has arrived (fragments, or bytes after the last whole frame)."""
         return self._partial > 0 or self.last_data > self.last_frame
 
-    def took_message(self) -> None:
-        """The handler took the oldest whole message: its bytes no longer count as unread."""
-        size = self.unread_sizes.popleft() if self.unread_sizes else 0  # none once the budget let go
+    def took_message(self) -> int:
+        """The handler took the oldest whole message: its size, which counts as pending until `answered`."""
+        return self.unread_sizes.popleft() if self.unread_sizes else 0  # none once the budget let go
+
+    def answered(self, size: int) -> None:
+        """A request of `size` bytes was answered (or refused, or dropped): it no longer counts."""
         if self.budget is not None:
-            self.budget.taken(self, size)
+            self.budget.released(self, size)
 
     def leave_budget(self) -> None:
-        """The connection is gone: what it left unread (a handler may still take it) no longer counts."""
+        """The connection is gone: what it left pending (a handler may still take it) no longer counts."""
         if self.budget is not None:
             self.budget.forget(self)
             self.budget = None
@@ -402,14 +406,14 @@ class _ConnectionHandler:
         self._per_ip: collections.Counter[str] = collections.Counter()
         self._releases: set[asyncio.Task] = set()
         self._draining = asyncio.Event()
-        self._budget = ReadBudget(_bytes(limits.max_unread_mb), _bytes(limits.max_unread_total_mb))
+        self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
         rate = limits.max_handshakes_per_s
         self._handshakes = None if rate is None else TokenBucket(rate, rate)
         self._failed_keys: dict[str, TokenBucket] = {}  # address -> its failed API keys
         self._log = LogThrottle(logger, LOG_INTERVAL_S)
         served_metrics = metrics.of(backend)
         if served_metrics is not None:
-            served_metrics.watch(lambda: {"oxygen_unread_request_bytes": self._budget.unread})
+            served_metrics.watch(lambda: {"oxygen_pending_request_bytes": self._budget.pending})
 
     async def drain(self) -> None:
         """Stops taking requests: each robot connection answers the requests it received before now
@@ -600,14 +604,18 @@ class _ConnectionHandler:
                 message = await self._next_message(websocket)
                 if message is None:
                     return
+                size = websocket.took_message()
                 if websocket.owed is not None:
                     websocket.owed -= 1
-                if bucket is not None and not bucket.take():
-                    detail = f"Too many requests: at most {rate:g} a second on one connection"
-                    self._refused(websocket, "rate_limit", detail)
-                    await websocket.send(detail + " (request not served)")
-                    continue
-                prev_total_ms = await self._serve_request(websocket, message, prev_total_ms)
+                try:
+                    if bucket is not None and not bucket.take():
+                        detail = f"Too many requests: at most {rate:g} a second on one connection"
+                        self._refused(websocket, "rate_limit", detail)
+                        await websocket.send(detail + " (request not served)")
+                        continue
+                    prev_total_ms = await self._serve_request(websocket, message, prev_total_ms)
+                finally:
+                    websocket.answered(size)
         finally:
             self._log.flush((websocket, "bad_request"))
 
@@ -616,7 +624,7 @@ class _ConnectionHandler:
         (requests arriving meanwhile meet the close)."""
         for _ in range(len(websocket.unread_sizes)):
             await websocket.recv()
-            websocket.took_message()
+            websocket.answered(websocket.took_message())
             self._refused(websocket, "draining", "request after the drain began")
             await websocket.send(
                 "Server shutting down: request not served (it arrived after the drain began)"
@@ -664,7 +672,6 @@ class _ConnectionHandler:
             logger.info("Closing %s: %s", websocket.remote_address, reason)
             await websocket.close(CloseCode.POLICY_VIOLATION, reason)
             return None
-        websocket.took_message()
         if len(parts) == 1:
             return parts[0]
         return "".join(parts) if isinstance(parts[0], str) else b"".join(parts)
@@ -730,7 +737,7 @@ class _ConnectionHandler:
                     return
                 if incoming.done():
                     incoming.result()  # raises ConnectionClosed once the client left
-                    websocket.took_message()
+                    websocket.answered(websocket.took_message())
                     incoming = asyncio.ensure_future(websocket.recv())
                 elif event.done():
                     message = event.result()
