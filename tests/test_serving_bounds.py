@@ -1,4 +1,4 @@
-"""What a client can make the server hold or do is bounded: unread requests in bytes, requests and
+"""What a client can make the server hold or do is bounded: pending requests in bytes, requests and
 handshakes per second, failed API keys per address, log lines per connection; and a drain ends while
 robots keep sending. Each against a small numpy backend on loopback, with small limits."""
 
@@ -44,12 +44,12 @@ def log_lines(caplog: pytest.LogCaptureFixture, text: str) -> int:
     return sum(text in record.getMessage() for record in caplog.records if record.name == SERVER_LOGGER)
 
 
-# --- unread requests, in bytes ---
+# --- pending requests, in bytes ---
 
 
 def pipelined_peak(limits: dict[str, Any]) -> float:
     """A robot pipelines 30 requests of 0.25 MB without reading (a robot waits for each reply) while
-    another robot is served; the server's peak of unread request bytes. Every request is answered once
+    another robot is served; the server's peak of pending request bytes. Every request is answered once
     the first robot reads."""
     message = msgpack_numpy.packb({"state": STATE, "padding": np.zeros(2**18, np.uint8), "sleep_s": 0.02})
     with served(**limits) as running, robot(running.port) as hog, robot(running.port) as healthy:
@@ -66,7 +66,7 @@ def pipelined_peak(limits: dict[str, Any]) -> float:
 
 
 def test_pipelined_large_requests_are_held_back_in_bytes_and_all_answered():
-    """Unread requests stay within the per-connection bound plus the one that crossed it and one read of
+    """Pending requests stay within the per-connection bound plus the one that crossed it and one read of
     the socket; TCP holds the rest back. Without the bound the server holds several times as much."""
     bounded = pipelined_peak({"max_pending_mb": 0.5, "max_pending_total_mb": 0.6})
     assert 0 < bounded <= 0.5 * 2**20 + 2 * 2**18 + 2**18
@@ -74,7 +74,7 @@ def test_pipelined_large_requests_are_held_back_in_bytes_and_all_answered():
 
 
 def test_a_robot_that_waits_for_its_replies_is_never_held_back_by_the_total():
-    """The total bound is far below one request: a robot with nothing unread still gets each in."""
+    """The total bound is far below one request: a robot with nothing pending still gets each in."""
     with served(max_pending_mb=0.01, max_pending_total_mb=0.01) as running, robot(running.port) as healthy:
         big = {"state": STATE, "padding": np.zeros(2**20, np.uint8)}
         for _ in range(3):
@@ -268,7 +268,7 @@ def test_a_text_subscriber_that_stops_reading_is_closed_with_1008():
 
 
 class FakeReader:
-    """A connection as `ReadBudget` sees it: its unread bytes and whether its reading is paused."""
+    """A connection as `ReadBudget` sees it: its pending bytes and whether its reading is paused."""
 
     def __init__(self) -> None:
         self.pending_bytes = 0
@@ -281,17 +281,17 @@ class FakeReader:
         self.paused = False
 
 
-def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_unread():
+def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():
     budget = ReadBudget(per_connection=100, total=150)
     hog, other, idle = FakeReader(), FakeReader(), FakeReader()
     budget.received(hog, 101)
     assert hog.paused and budget.pending == 101  # past its own bound
     budget.received(other, 60)
-    assert other.paused  # the total (161) is past 150 and it has unread bytes
+    assert other.paused  # the total (161) is past 150 and it has pending bytes
     budget.released(hog, 101)
     assert not hog.paused and not other.paused and budget.pending == 60
     budget.received(idle, 0)
     budget.received(hog, 100)
-    assert not idle.paused and hog.paused  # 160 > 150: only those with unread bytes wait
+    assert not idle.paused and hog.paused  # 160 > 150: only those with pending bytes wait
     budget.forget(hog)
     assert budget.pending == 60 and not other.paused
