@@ -106,7 +106,12 @@ def test_bad_rtc_is_refused_for_that_robot_only_and_leaves_its_state(session):
         ({"executed": -1, "delay": 2}, "rtc.executed must be >= 0"),
         ({"executed": 11, "delay": 2}, "rtc.executed 11 is beyond the last chunk's 10 actions"),
         ({"executed": 2, "delay": 4, "horizon": 3}, r"rtc.horizon 3 must lie in \[delay=4, 10\]"),
-        ({"executed": 2, "delay": 1, "control_hz": -5}, "rtc.control_hz must be > 0"),
+        ({"executed": 2, "delay": 1, "control_hz": -5}, r"rtc.control_hz must lie in \(0, 10000\]"),
+        # inf and 1e308 once raised OverflowError (a server fault) in the delay estimate.
+        ({"executed": 2, "delay": 1, "control_hz": float("inf")}, r"rtc.control_hz must lie in \(0"),
+        ({"executed": 2, "delay": 1, "control_hz": 1e308}, r"rtc.control_hz must lie in \(0"),
+        ({"executed": 2, "delay": 1, "control_hz": float("nan")}, r"rtc.control_hz must lie in \(0"),
+        ({"executed": np.timedelta64(2), "delay": 1}, "rtc.executed must be an int"),
     ],
 )
 def test_bad_rtc_values_are_one_line_refusals(session, rtc, message):

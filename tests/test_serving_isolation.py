@@ -1,12 +1,17 @@
 """One robot's bad input never reaches another: each request is checked and canonicalized on its own."""
 
+import copy
+import logging
+
 import hypothesis.extra.numpy as hnp
 import hypothesis.strategies as st
 import numpy as np
 import pytest
 from conftest import make_policy, raw_observation
+from fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 
+from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
@@ -85,6 +90,17 @@ def test_a_bad_request_gets_its_own_error_and_the_frame_goes_on(session, noise, 
     assert isinstance(refused, ValueError) and named in str(refused)
     assert "\n" not in str(refused)
     np.testing.assert_array_equal(good["actions"], healthy_actions)
+
+
+@pytest.mark.parametrize("shape", [(1, 5000, 3), (3, 1, 5000), (5000, 1, 3)])
+def test_an_image_too_elongated_to_resize_is_refused_in_one_line(policy, shape):
+    """A 1x5000 image once resized to height 0 (a ValueError: a server fault); now it is a bad request."""
+    obs = raw_observation() | {"observation/image": np.zeros(shape, np.uint8)}
+    with pytest.raises(InvalidRequest, match=r"'observation/image': a .* image is too elongated to resize"):
+        policy.prepare(obs, RequestOptions())
+    elongated_but_usable = raw_observation() | {"observation/image": np.zeros((2, 448, 3), np.uint8)}
+    prepared = policy.prepare(elongated_but_usable, RequestOptions())
+    assert prepared.arrays["image/base_0_rgb"].shape[-3:] == (224, 224, 3)
 
 
 def test_an_extra_actions_key_is_ignored_and_harms_no_one(session, noise, healthy_actions):
@@ -177,3 +193,25 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
         assert other["actions"].shape == (10, 7)
         np.testing.assert_allclose(good["actions"], healthy_actions, atol=1e-5, rtol=0)
     assert len(good["text_tokens"]) == previous + 1
+
+
+def test_a_prompt_cut_to_the_token_budget_is_warned_about_once_per_robot(caplog):
+    """With the discrete state in the prompt, a task of 40 tokens fits alone and is cut with the state,
+    as openpi does, with a warning: each robot sends it three times and gets one warning, not three."""
+    policy = copy.copy(make_policy("dsi1", "float32"))
+    policy.engine = FakeEngine(policy.engine.config)
+    session = MultiRobotSession(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
+    caplog.set_level(logging.WARNING, "oxygen_jax.tokenizer")
+    long_prompt = raw_observation() | {"prompt": "bowl " * 40}
+    try:
+        for _ in range(3):
+            requests = [RobotRequest(robot, long_prompt) for robot in "xy"]
+            assert all(isinstance(reply, dict) for reply in session.step(requests))
+    finally:
+        session.stop()
+    warnings = [record.getMessage() for record in caplog.records if record.name == "oxygen_jax.tokenizer"]
+    assert len(warnings) == 2 and all("truncating" in warning for warning in warnings)
+    assert {warning.rsplit("(", 1)[1] for warning in warnings} == {
+        "robot robot-0; once per robot)",
+        "robot robot-1; once per robot)",
+    }

@@ -71,6 +71,15 @@ def test_request_options_limit_the_text(server):
         ({"observation/state": np.full(8, np.nan)}, "observation/state"),
         ({"noise": np.zeros((10, 7), np.float32)}, "noise"),
         ({"max_text_tokens": "many"}, "max_text_tokens"),
+        # A numpy timedelta64 is an np.integer: it used to pass as an integer option.
+        (
+            {"max_text_tokens": np.timedelta64(2)},
+            "'max_text_tokens': expected an integer, got timedelta64",
+        ),
+        ({"text_tasks": {"t": {"instruction": "say", "max_text_tokens": np.timedelta64(2)}}}, "text task t"),
+        # Newlines and terminal escapes would reach replies, /text and logs.
+        ({"robot_id": "arm\n\x1b[31m-1"}, "'robot_id': expected a printable string"),
+        ({"robot_id": "a" * 65}, "'robot_id': expected a printable string of 1 to 64 characters"),
     ],
 )
 def test_bad_request_is_named_and_the_client_keeps_working(server, noises, bad, named):

@@ -18,6 +18,8 @@ from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 
 _INTEGERS = (int, np.integer)
 _NUMBERS = (int, float, np.integer, np.floating)
+# Instances of the types above that are no number: a numpy timedelta64 is an np.integer.
+_NOT_NUMBERS = (bool, np.bool_, np.timedelta64, np.datetime64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,19 +47,19 @@ class RequestOptions:
 
 
 def integer_option(value: Any, name: str) -> int | None:
-    """`value` as an int (None stays None); strings, floats and booleans are refused."""
+    """`value` as an int (None stays None); strings, floats, booleans and numpy times are refused."""
     if value is None:
         return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, _INTEGERS):
+    if isinstance(value, _NOT_NUMBERS) or not isinstance(value, _INTEGERS):
         raise InvalidRequest(f"{name!r}: expected an integer, got {_kind(value)}")
     return int(value)
 
 
 def number_option(value: Any, name: str) -> float | None:
-    """`value` as a finite float (None stays None); strings, booleans, inf and NaN are refused."""
+    """`value` as a finite float (None stays None); strings, booleans, numpy times, inf, NaN: refused."""
     if value is None:
         return None
-    if isinstance(value, bool | np.bool_) or not isinstance(value, _NUMBERS):
+    if isinstance(value, _NOT_NUMBERS) or not isinstance(value, _NUMBERS):
         raise InvalidRequest(f"{name!r}: expected a number, got {_kind(value)}")
     number = float(value)
     if not math.isfinite(number):

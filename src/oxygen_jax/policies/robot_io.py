@@ -171,6 +171,12 @@ def _checked_image(path: Path, image: Any, channels_first_only: bool) -> np.ndar
         raise InvalidRequest(f"{name!r}: expected one image {layouts}, got shape {list(image.shape)}")
     if min(image.shape) == 0:
         raise InvalidRequest(f"{name!r}: empty image, shape {list(image.shape)}")
+    height, width = image.shape[1:] if channels_first else image.shape[:2]
+    size = transforms.IMAGE_SIZE
+    if int(min(height, width) / (max(height, width) / size)) < 1:  # its short side would resize to 0
+        raise InvalidRequest(
+            f"{name!r}: a {height}x{width} image is too elongated to resize to {size}x{size}"
+        )
     if image.dtype.kind == "f" and not (np.isfinite(image).all() and image.min() >= 0 and image.max() <= 1):
         raise InvalidRequest(f"{name!r}: float images must hold finite values in [0, 1]")
     return image

@@ -29,6 +29,9 @@ from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.policy import MAX_SAMPLES, Policy
 from oxygen_jax.policies.request_options import RequestOptions
 
+# Far above any robot's control rate; a bound keeps the delay estimate (latency * rate) a finite int.
+MAX_CONTROL_HZ = 10_000.0
+
 
 class RtcError(InvalidRequest, InvalidArgumentError):
     """An `rtc` entry the server cannot use (the message names the field): a bad request."""
@@ -45,11 +48,21 @@ def _field(rtc: Mapping, name: str, default: int | None = None) -> int:
     value = rtc.get(name, default)
     if value is None:
         raise RtcError(f"rtc.{name} is missing")
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    if isinstance(value, bool | np.timedelta64) or not isinstance(value, int | np.integer):
         raise RtcError(f"rtc.{name} must be an int, got {value!r}")
     if value < 0:
         raise RtcError(f"rtc.{name} must be >= 0, got {value}")
     return int(value)
+
+
+def _control_hz(value: Any) -> float:
+    """A stated control rate: a number in (0, MAX_CONTROL_HZ] (inf and NaN are refused)."""
+    numeric = int | float | np.integer | np.floating
+    if isinstance(value, bool | np.timedelta64) or not isinstance(value, numeric):
+        raise RtcError(f"rtc.control_hz must be a number, got {value!r}")
+    if not 0 < value <= MAX_CONTROL_HZ:
+        raise RtcError(f"rtc.control_hz must lie in (0, {MAX_CONTROL_HZ:g}], got {value}")
+    return float(value)
 
 
 def parse_request(
@@ -126,10 +139,7 @@ class RobotChunks:
             control_hz = self._control_hz
             if isinstance(rtc, Mapping) and "control_hz" in rtc:
                 control_hz = rtc["control_hz"]
-                if isinstance(control_hz, bool) or not isinstance(control_hz, int | float | np.number):
-                    raise RtcError(f"rtc.control_hz must be a number, got {control_hz!r}")
-                if not control_hz > 0:
-                    raise RtcError(f"rtc.control_hz must be > 0, got {control_hz}")
+                control_hz = _control_hz(control_hz)
             estimate = None
             if control_hz and self._latency_s is not None:
                 estimate = math.ceil(self._latency_s * control_hz)

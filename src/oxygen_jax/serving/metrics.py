@@ -5,7 +5,8 @@ What is measured where:
 
 - the websocket server: every request (`oxygen_requests_total`), the action latency from receipt of the
   message to the reply sent (`oxygen_action_latency_seconds`, by robot kind) and errors by kind
-  (`oxygen_errors_total{kind="bad_request"|"internal"}`);
+  (`oxygen_errors_total{kind="bad_request"|"internal"}`), and what it refused before any work
+  (`oxygen_refusals_total{reason}`: rate limit, drain, API keys, connections, slow `/text` readers);
 - the device loop (`runtime.device_loop.LoopObserver`): each observation's queue wait, each prefill batch's
   size and prefill + denoise seconds, each decode chunk's seconds and steps;
 - the session's text events: tokens produced and language requests finished (by reason);
@@ -51,6 +52,7 @@ LIVE = {
     "oxygen_connected_robots": ("Robots connected that sent an observation.", False),
     "oxygen_ready": ("1 once warm-up compiled every program.", False),
     "oxygen_compilations_after_warmup": ("XLA compilations in this process after warm-up.", True),
+    "oxygen_pending_request_bytes": ("Bytes of requests received and not yet answered.", False),
 }
 
 
@@ -91,6 +93,13 @@ class ServerMetrics:
             **kw,
         )
         self.errors = Counter("oxygen_errors", "Requests answered with an error, by kind.", ["kind"], **kw)
+        self.refusals = Counter(
+            "oxygen_refusals",
+            "Requests and connections refused before any work, by reason (rate_limit, draining, api_key, "
+            "api_key_throttled, connection, slow_reader).",
+            ["reason"],
+            **kw,
+        )
         self.queue_wait = Histogram(
             "oxygen_queue_wait_seconds",
             "An observation's wait from receipt until the device started on its batch.",
@@ -184,6 +193,13 @@ def respond(connection: ServerConnection, backend: Any) -> Response:
     del response.headers["Content-Type"]
     response.headers["Content-Type"] = CONTENT_TYPE_LATEST
     return response
+
+
+def refused(backend: Any, reason: str) -> None:
+    """One request or connection refused before any work (see `ServerMetrics.refusals`)."""
+    metrics = of(backend)
+    if metrics is not None:
+        metrics.refusals.labels(reason).inc()
 
 
 def record(backend: Any, seconds: float, error_kind: str | None) -> None:

@@ -45,7 +45,8 @@ REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id
 
 def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
     """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id).
-    The options are checked by the policy (`policies.request_options`), as those of its text tasks."""
+    The options are checked by the policy (`policies.request_options`), as those of its text tasks; a
+    numpy time is refused here first (`_no_times`)."""
     obs = dict(obs)
     noise, max_text_tokens, temperature, top_p, robot_id = (obs.pop(name, None) for name in REQUEST_OPTIONS)
     options = {"noise": noise, "max_text_tokens": max_text_tokens, "temperature": temperature, "top_p": top_p}
@@ -53,8 +54,11 @@ def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
 
 
 def _robot_id(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID):
-        raise InvalidRequest(f"'robot_id': expected a string of 1 to {MAX_ROBOT_ID} characters")
+    """The robot's name, as replies and `/text` show it: printable (no newlines or terminal escapes)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID or not value.isprintable():
+        raise InvalidRequest(f"'robot_id': expected a printable string of 1 to {MAX_ROBOT_ID} characters")
     return value
 
 

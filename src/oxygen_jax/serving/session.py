@@ -35,6 +35,7 @@ steady state can meet (`warmup`), so later ones never compile.
 """
 
 import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import itertools
@@ -58,6 +59,30 @@ from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput
 
 logger = logging.getLogger(__name__)
+# The robot whose request this thread prepares, if any (see `_OncePerRobot`).
+_PREPARING: contextvars.ContextVar["_Robot | None"] = contextvars.ContextVar("preparing", default=None)
+
+
+class _OncePerRobot(logging.Filter):
+    """Lets each warning of the tokenizer through once per robot: a robot that sends a prompt over the
+    token budget every request (it is cut each time) would otherwise log a warning per request."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        robot = _PREPARING.get()
+        if robot is None:
+            return True
+        if record.msg in robot.logged:
+            return False
+        robot.logged.add(record.msg)
+        if isinstance(record.args, tuple):
+            record.msg, record.args = (
+                f"{record.msg} (robot %s; once per robot)",
+                (*record.args, robot.robot_id),
+            )
+        return True
+
+
+logging.getLogger("oxygen_jax.tokenizer").addFilter(_OncePerRobot())
 
 
 @dataclasses.dataclass
@@ -129,6 +154,7 @@ class _Robot:
     observations: int = 0  # the next observation's index
     groups: list[_Group] = dataclasses.field(default_factory=list)  # to report, oldest first
     chunks: RobotChunks = dataclasses.field(default_factory=RobotChunks)
+    logged: set[str] = dataclasses.field(default_factory=set)  # tokenizer warnings it had once
 
 
 class MultiRobotSession:
@@ -259,7 +285,8 @@ class MultiRobotSession:
         flight starts one on this observation. None (and the refusal answered) when the request fails."""
         received = time.perf_counter()
         with self._lock:
-            chunks = self._robot(request).chunks
+            robot = self._robot(request)
+            chunks = robot.chunks
         try:
             if request.rtc is not None and not self._rtc:
                 raise InvalidRequest("rtc: this server does not take real-time-chunking requests")
@@ -267,7 +294,11 @@ class MultiRobotSession:
                 raise InvalidRequest("samples: one action chunk per request here (several: `Policy.infer`)")
             guidance, start = chunks.guidance(request.rtc, self._policy.engine.config.action_horizon)
             options = dataclasses.replace(request.options, guidance=guidance)
-            prepared = self._policy.prepare(request.obs, options, max_tasks=self._max_text_tasks)
+            preparing = _PREPARING.set(robot)
+            try:
+                prepared = self._policy.prepare(request.obs, options, max_tasks=self._max_text_tasks)
+            finally:
+                _PREPARING.reset(preparing)
         except Exception as error:  # InvalidRequest: the client's fault; anything else: the server's
             answer(error)
             return None

@@ -18,7 +18,8 @@ reports, as it happens. Without such a backend ``/text`` answers HTTP 404.
 Errors are text frames, because an openpi client raises ``RuntimeError`` carrying the text of any text
 frame it receives instead of a result. A bad request (an undecodable message, an observation that is not a
 map or too big a structure, see `request_decoding`, or a backend raising `InvalidRequest`) gets one line,
-``"Bad request: ... (error id ...)"``, logged at INFO. Anything else the backend raises is a server fault:
+``"Bad request: ... (error id ...)"``, logged at INFO once per connection and ``LOG_INTERVAL_S`` (one line
+counts the rest). Anything else the backend raises is a server fault:
 ``"Internal server error: <type> (error id ...)"``, its traceback logged at ERROR under the same id
 (``ServerLimits.debug_errors`` also sends it). Either way the connection keeps serving.
 
@@ -31,22 +32,32 @@ No client can stall or lock out the others (`ServerLimits`):
   address (off by default: behind a reverse proxy every client has the proxy's address);
 - a robot connection that sends nothing for ``idle_timeout_s`` is closed with 1001, and so is a
   subscriber that was sent no event and sent nothing for as long; a subscriber that stops reading is
-  closed (1008) once ``MAX_UNSENT_EVENTS`` wait for it. websockets hands fragments over as they arrive
-  (``recv_streaming``), so a message must arrive whole within ``receive_timeout_s`` of its first frame, or
-  its connection is closed with 1008 (a trickled single frame is bounded by the idle timeout, as no
-  part of it is handed over before its end);
+  closed with 1008 (policy violation: it broke the stream's terms; 1011 would say the server failed)
+  once an event waits unsent for ``idle_timeout_s`` or ``MAX_UNSENT_EVENTS`` wait for it. websockets
+  hands fragments over as they arrive (``recv_streaming``), so a message must arrive whole within
+  ``receive_timeout_s`` of its first frame, or its connection is closed with 1008 (a trickled single
+  frame is bounded by the idle timeout, as no part of it is handed over before its end);
 - with ``api_key`` set, robot connections and ``/text`` need the header openpi-client sends for its
-  ``api_key`` (`AUTH_HEADER`), else HTTP 401; ``/healthz`` and ``/readyz`` stay open. The ``Server``
-  header names no versions.
+  ``api_key`` (`AUTH_HEADER`), else HTTP 401; an address that failed ``FAILED_KEY_BURST`` times gets
+  HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second). ``/healthz`` and ``/readyz`` stay open.
+  The ``Server`` header names no versions;
+- what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
+  answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
+  either, reading pauses and TCP pushes back, but a connection with nothing pending is always read);
+  requests per connection and second (``max_requests_per_s``; past it each is refused unread);
+  handshakes per second (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``,
+  then HTTP 503).
+  Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
 ``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
 ``infer_workers`` threads (default 1, because a plain policy need not be thread-safe).
 
-Draining (SIGTERM/SIGINT, or leaving `open_server`): the server stops accepting, answers every request
-already received or buffered on an open robot connection, then closes it with 1001, all within
-``drain_timeout_s``.
+Draining (SIGTERM/SIGINT, or leaving `open_server`): the server stops accepting; each robot connection
+answers the requests it received before the drain began (read, buffered, or partly arrived), refuses in
+one line each request already there that came after, then closes with 1001, so a drain ends while robots
+keep sending; whatever is open after ``drain_timeout_s`` is closed as it stands.
 """
 
 import asyncio
@@ -69,10 +80,11 @@ from typing import Protocol
 from websockets.asyncio.server import Request, Response, ServerConnection
 from websockets.asyncio.server import serve as _ws_serve
 from websockets.exceptions import ConnectionClosed
-from websockets.frames import CloseCode
+from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import metrics, msgpack_numpy
+from oxygen_jax.serving.flow_control import LogThrottle, ReadBudget, TokenBucket
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 
 logger = logging.getLogger(__name__)
@@ -104,12 +116,22 @@ TEXT_PATH = "/text"
 ROBOT, TEXT = "robot", "text"
 # What openpi-client's `WebsocketClientPolicy(api_key=...)` sends.
 AUTH_HEADER = "Authorization: Api-Key <key>"
-# How long a draining server waits, after a connection's last byte, for a request already on its way.
-DRAIN_GRACE_S = 0.1
+# Requests that arrive within this of the drain's start (sent before it, still in the sockets' buffers)
+# count as received before it; and a draining server waits this long, after a connection's last byte,
+# for the rest of a request it owes.
+DRAIN_GRACE_S = 0.2
 # Text events a subscriber may leave unread before it is closed.
 MAX_UNSENT_EVENTS = 1024
 # A bad request's line quotes at most this much of the problem.
 MAX_ERROR_CHARS = 300
+# A client's repeated faults (bad requests, refusals, failed API keys) are logged once per this interval.
+LOG_INTERVAL_S = 10.0
+# Failed API keys one address may try in a burst, then one a second; past that HTTP 429 without a check.
+FAILED_KEY_BURST, FAILED_KEY_RATE = 10, 1.0
+# Longest a handshake waits for its turn under `max_handshakes_per_s` before it is refused (HTTP 503).
+MAX_HANDSHAKE_WAIT_S = 5.0
+# After the drain's deadline, how long closing handshakes may take before connections are cut.
+DRAIN_CLOSE_S = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +149,14 @@ class ServerLimits:
     drain_timeout_s: float = 30.0
     api_key: str | None = dataclasses.field(default=None, repr=False)
     debug_errors: bool = False
+    # Requests received and not yet taken by the handler: a robot waits for each reply, so it has none
+    # (an observation with three 224x224 cameras is 0.5 MB); past these, reading pauses.
+    max_pending_mb: float | None = 4.0  # per connection
+    max_pending_total_mb: float | None = 256.0
+    # Per connection, in bursts of as many: far above any robot's control rate. Past it: refused.
+    max_requests_per_s: float | None = 500.0
+    # New websocket connections in all, in bursts of as many; past it a handshake waits its turn.
+    max_handshakes_per_s: float | None = 100.0
 
 
 @contextlib.asynccontextmanager
@@ -145,14 +175,14 @@ async def open_server(
     """
     executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
     handler = _ConnectionHandler(backend, _backend_caller(backend, executor), limits)
-    max_size = None if limits.max_message_mb is None else int(limits.max_message_mb * 2**20)
     try:
         async with _ws_serve(
             handler,
             host,
             port,
             compression=None,
-            max_size=max_size,
+            max_size=_bytes(limits.max_message_mb),
+            max_queue=None,  # pending requests are bounded in bytes (`ReadBudget`), not in frames
             process_request=handler.admit,
             server_header=None,
             create_connection=_Connection,
@@ -302,14 +332,65 @@ def _backend_caller(
 
 
 class _Connection(ServerConnection):
-    """A server connection that notes when bytes last arrived, so a drain can tell a connection in the
-    middle of receiving a message from an idle one."""
+    """A server connection that counts the messages it received and its handler has not taken (their
+    bytes in the server's `ReadBudget`, which pauses its reading past a bound), and notes when bytes last
+    arrived and when a frame last ended, so a drain can tell a connection in the middle of receiving a
+    message from an idle one."""
 
+    budget: ReadBudget | None = None  # set at admission
     last_data = 0.0
+    last_frame = 0.0
+    pending_bytes = 0
+    owed: int | None = None  # draining: requests still to answer (those received before the drain)
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.unread_sizes: collections.deque[int] = collections.deque()  # whole messages, oldest first
+        self._partial = 0  # bytes of the fragments of the message being received
 
     def data_received(self, data: bytes) -> None:
         self.last_data = time.monotonic()
         super().data_received(data)
+
+    def process_event(self, event: object) -> None:
+        super().process_event(event)
+        if not isinstance(event, Frame):
+            return
+        self.last_frame = self.last_data
+        if event.opcode in DATA_OPCODES:
+            self._partial += len(event.data)
+            if self.budget is not None:
+                self.budget.received(self, len(event.data))
+            if event.fin:
+                self.unread_sizes.append(self._partial)
+                self._partial = 0
+
+    @property
+    def receiving(self) -> bool:
+        """Whether part of a message has arrived (fragments, or bytes after the last whole frame)."""
+        return self._partial > 0 or self.last_data > self.last_frame
+
+    def took_message(self) -> int:
+        """The handler took the oldest whole message: its size, which counts as pending until `answered`."""
+        return self.unread_sizes.popleft() if self.unread_sizes else 0  # none once the budget let go
+
+    def answered(self, size: int) -> None:
+        """A request of `size` bytes was answered (or refused, or dropped): it no longer counts."""
+        if self.budget is not None:
+            self.budget.released(self, size)
+
+    def leave_budget(self) -> None:
+        """The connection is gone: what it left pending (a handler may still take it) no longer counts."""
+        if self.budget is not None:
+            self.budget.forget(self)
+            self.budget = None
+            self.unread_sizes.clear()
+
+    def pause_reading(self) -> None:
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.transport.resume_reading()
 
 
 class _ConnectionHandler:
@@ -325,11 +406,23 @@ class _ConnectionHandler:
         self._per_ip: collections.Counter[str] = collections.Counter()
         self._releases: set[asyncio.Task] = set()
         self._draining = asyncio.Event()
+        self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
+        rate = limits.max_handshakes_per_s
+        self._handshakes = None if rate is None else TokenBucket(rate, rate)
+        self._failed_keys: dict[str, TokenBucket] = {}  # address -> its failed API keys
+        self._log = LogThrottle(logger, LOG_INTERVAL_S)
+        served_metrics = metrics.of(backend)
+        if served_metrics is not None:
+            served_metrics.watch(lambda: {"oxygen_pending_request_bytes": self._budget.pending})
 
     async def drain(self) -> None:
-        """Stops taking requests, answers every request already received or buffered on an open robot
-        connection, then closes it with 1001; `/text` streams close at once. Whatever is still open after
-        `drain_timeout_s` is closed as it stands."""
+        """Stops taking requests: each robot connection answers the requests it received before now
+        (its `owed`), refuses those after and closes with 1001; `/text` streams close at once. Whatever is
+        still open after `drain_timeout_s` gets `DRAIN_CLOSE_S` to close, then is cut."""
+        await asyncio.sleep(DRAIN_GRACE_S)  # requests on their way at the signal are read meanwhile
+        for connection, kind in self._slots.items():
+            if kind == ROBOT and isinstance(connection, _Connection):
+                connection.owed = len(connection.unread_sizes) + connection.receiving
         self._draining.set()
         try:
             async with asyncio.timeout(self._limits.drain_timeout_s):
@@ -337,33 +430,89 @@ class _ConnectionHandler:
                     await asyncio.sleep(0.01)
         except TimeoutError:
             logger.warning("Drain timed out: closing %d connections as they stand", len(self._slots))
-            await asyncio.gather(
-                *(websocket.close(CloseCode.GOING_AWAY, "server shutting down") for websocket in self._slots),
-                return_exceptions=True,
+            closing = [
+                websocket.close(CloseCode.GOING_AWAY, "server shutting down") for websocket in self._slots
+            ]
+            _, late = await asyncio.wait(
+                [asyncio.ensure_future(close) for close in closing], timeout=DRAIN_CLOSE_S
             )
+            for task in late:
+                task.cancel()
+            for websocket in list(self._slots):
+                websocket.transport.abort()  # a client that does not answer the closing handshake
 
-    def admit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """The handshake hook: health and readiness, the API key, then a slot of the connection's kind
-        (robot or `/text`) within its cap and the per-address cap; refusals are one-line HTTP answers."""
+    async def admit(self, connection: ServerConnection, request: Request) -> Response | None:
+        """The handshake hook: health and readiness, the API key (failed ones throttled per address),
+        then a slot of the connection's kind (robot or `/text`) within its cap and the per-address cap, at
+        most `max_handshakes_per_s` (a handshake waits its turn); refusals are one-line HTTP answers."""
         path = urllib.parse.urlsplit(request.path).path
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if path == "/readyz":
             return self._readiness(connection)
-        if not self._authorized(request):
-            logger.info("Refused %s: no valid API key", connection.remote_address)
-            return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
+        key_refusal = self._key_refusal(connection, request)
+        if key_refusal is not None:
+            return key_refusal
         if path == "/metrics":
             return metrics.respond(connection, self._backend)
         kind = TEXT if path == TEXT_PATH else ROBOT
         if kind == TEXT and not hasattr(self._backend, "subscribe_text"):
             return connection.respond(http.HTTPStatus.NOT_FOUND, "This server streams no text\n")
-        refusal = self._refusal(connection, kind)
+        refusal = await self._turn(connection)
+        if refusal is None:
+            refusal = self._refusal(connection, kind)
         if refusal is not None:
-            logger.warning("Refused %s: %s", connection.remote_address, refusal)
+            self._refused(connection, "connection", refusal, logging.WARNING)
             return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, refusal + "\n")
         self._take_slot(connection, kind)
         return None
+
+    def _key_refusal(self, connection: ServerConnection, request: Request) -> Response | None:
+        """HTTP 401 without the API key, 429 once an address failed too often (then its keys are not even
+        compared until its bucket refills); None when it may go on."""
+        if self._limits.api_key is None:
+            return None
+        address = _address(connection)
+        failed = self._failed_keys.get(address)
+        if failed is not None and failed.tokens < 1:
+            refusal = "Too many failed API keys from this address: retry later"
+            self._refused(connection, "api_key_throttled", refusal)
+            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, refusal + "\n")
+        if self._authorized(request):
+            return None
+        if failed is None:
+            self._forget_full_key_buckets()
+            failed = self._failed_keys[address] = TokenBucket(FAILED_KEY_RATE, FAILED_KEY_BURST)
+        failed.take()
+        self._refused(connection, "api_key", "no valid API key")
+        return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
+
+    def _forget_full_key_buckets(self) -> None:
+        """Addresses whose failures lie far enough back are forgotten (the table stays small)."""
+        full = [address for address, bucket in self._failed_keys.items() if bucket.tokens >= bucket.burst]
+        for address in full:
+            del self._failed_keys[address]
+
+    async def _turn(self, connection: ServerConnection) -> str | None:
+        """Waits for this handshake's turn under `max_handshakes_per_s`; the refusal when it would wait
+        longer than `MAX_HANDSHAKE_WAIT_S`."""
+        if self._handshakes is None:
+            return None
+        wait = self._handshakes.reserve(MAX_HANDSHAKE_WAIT_S)
+        if wait is None:
+            return f"Too many new connections (at most {self._handshakes.rate:g} a second): retry later"
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return None
+
+    def _refused(
+        self, connection: ServerConnection, reason: str, detail: str, level: int = logging.INFO
+    ) -> None:
+        """Counts a refusal in the metrics and logs it once per address, reason and interval."""
+        metrics.refused(self._backend, reason)
+        address = _address(connection)
+        what = f"refusals ({reason}) of {address}"
+        self._log.log(level, (address, reason), what, "Refused %s: %s", connection.remote_address, detail)
 
     def _authorized(self, request: Request) -> bool:
         """Whether the request carries the server's API key as openpi-client sends it (always, without a
@@ -410,6 +559,8 @@ class _ConnectionHandler:
         completes (so concurrent handshakes cannot overshoot a cap)."""
         self._slots[connection] = kind
         self._per_ip[_address(connection)] += 1
+        if isinstance(connection, _Connection):
+            connection.budget = self._budget
         release = asyncio.ensure_future(connection.wait_closed())
         self._releases.add(release)
         release.add_done_callback(lambda task: self._free_slot(connection, task))
@@ -417,6 +568,8 @@ class _ConnectionHandler:
     def _free_slot(self, connection: ServerConnection, release: asyncio.Task) -> None:
         self._releases.discard(release)
         del self._slots[connection]
+        if isinstance(connection, _Connection):
+            connection.leave_budget()
         address = _address(connection)
         self._per_ip[address] -= 1
         if not self._per_ip[address]:
@@ -435,26 +588,67 @@ class _ConnectionHandler:
         finally:
             logger.info("Connection from %s closed", websocket.remote_address)
 
-    async def _serve_robot(self, websocket: ServerConnection) -> None:
-        """Metadata, then one reply per request, until the client leaves, idles or the server drains."""
+    async def _serve_robot(self, websocket: _Connection) -> None:
+        """Metadata, then one reply per request, until the client leaves or idles; past
+        `max_requests_per_s` a request is refused unread. Draining, it answers the requests received
+        before the drain began, refuses those that came after, then closes."""
         await websocket.send(msgpack_numpy.packb(self._backend.metadata))
+        rate = self._limits.max_requests_per_s
+        bucket = None if rate is None else TokenBucket(rate, rate)
         prev_total_ms: float | None = None
-        while True:
-            message = await self._next_message(websocket)
-            if message is None:
-                return
-            received = time.monotonic()
-            error_kind = None
-            try:
-                reply = await self._answer(message, prev_total_ms)
-            except Exception as error:
-                reply, error_kind = self._error_line(websocket, error), _error_kind(error)
-            await websocket.send(reply)
-            metrics.record(self._backend, time.monotonic() - received, error_kind)
-            if isinstance(reply, bytes):
-                prev_total_ms = (time.monotonic() - received) * 1000
+        try:
+            while True:
+                if self._draining.is_set() and (websocket.owed or 0) <= 0:
+                    await self._refuse_after_drain(websocket)
+                    return
+                message = await self._next_message(websocket)
+                if message is None:
+                    return
+                size = websocket.took_message()
+                if websocket.owed is not None:
+                    websocket.owed -= 1
+                try:
+                    if bucket is not None and not bucket.take():
+                        detail = f"Too many requests: at most {rate:g} a second on one connection"
+                        self._refused(websocket, "rate_limit", detail)
+                        await websocket.send(detail + " (request not served)")
+                        continue
+                    prev_total_ms = await self._serve_request(websocket, message, prev_total_ms)
+                finally:
+                    websocket.answered(size)
+        finally:
+            self._log.flush((websocket, "bad_request"))
 
-    async def _next_message(self, websocket: ServerConnection) -> str | bytes | None:
+    async def _refuse_after_drain(self, websocket: _Connection) -> None:
+        """Refuses in one line each request that is here but arrived after the drain began, then closes
+        (requests arriving meanwhile meet the close)."""
+        for _ in range(len(websocket.unread_sizes)):
+            await websocket.recv()
+            websocket.answered(websocket.took_message())
+            self._refused(websocket, "draining", "request after the drain began")
+            await websocket.send(
+                "Server shutting down: request not served (it arrived after the drain began)"
+            )
+        await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
+
+    async def _serve_request(
+        self, websocket: _Connection, message: str | bytes, prev_total_ms: float | None
+    ) -> float | None:
+        """Answers one request; returns its receipt-to-reply time when it was answered with actions
+        (else `prev_total_ms` as it was)."""
+        received = time.monotonic()
+        error_kind = None
+        try:
+            reply = await self._answer(message, prev_total_ms)
+        except Exception as error:
+            reply, error_kind = self._error_line(websocket, error), _error_kind(error)
+        await websocket.send(reply)
+        metrics.record(self._backend, time.monotonic() - received, error_kind)
+        if isinstance(reply, bytes):
+            return (time.monotonic() - received) * 1000
+        return prev_total_ms
+
+    async def _next_message(self, websocket: _Connection) -> str | bytes | None:
         """The client's next whole message; None once the connection was closed for idling, for taking
         longer than `receive_timeout_s` from its first frame to its last, or for the drain (after every
         message already buffered was taken)."""
@@ -482,8 +676,8 @@ class _ConnectionHandler:
             return parts[0]
         return "".join(parts) if isinstance(parts[0], str) else b"".join(parts)
 
-    async def _first_frame(self, websocket: ServerConnection, first: asyncio.Future) -> str | None:
-        """Waits for `first`; the reason to close instead (idle, or drained with nothing buffered)."""
+    async def _first_frame(self, websocket: _Connection, first: asyncio.Future) -> str | None:
+        """Waits for `first`; the reason to close instead (idle, or drained with nothing owed)."""
         if not self._draining.is_set():
             draining = asyncio.ensure_future(self._draining.wait())
             try:
@@ -498,9 +692,11 @@ class _ConnectionHandler:
                 return None
             if not self._draining.is_set():
                 return f"idle for {self._limits.idle_timeout_s:g} s"
-        # Draining: take what is buffered, or still arriving, on this connection.
+        # Draining: take a request received before the drain, whole or still arriving.
         idle_since = time.monotonic()
         while not first.done():
+            if (websocket.owed or 0) <= 0 and not websocket.unread_sizes:
+                return "server shutting down"
             last = max(idle_since, getattr(websocket, "last_data", 0.0))
             grace = last + DRAIN_GRACE_S - time.monotonic()
             if grace <= 0:
@@ -541,15 +737,22 @@ class _ConnectionHandler:
                     return
                 if incoming.done():
                     incoming.result()  # raises ConnectionClosed once the client left
+                    websocket.answered(websocket.took_message())
                     incoming = asyncio.ensure_future(websocket.recv())
                 elif event.done():
                     message = event.result()
                     if message is None:
-                        reason = f"more than {MAX_UNSENT_EVENTS} events unread"
-                        await websocket.close(CloseCode.POLICY_VIOLATION, reason)
+                        await self._close_slow_reader(
+                            websocket, f"more than {MAX_UNSENT_EVENTS} events unread"
+                        )
                         return
-                    async with asyncio.timeout(self._limits.idle_timeout_s):
-                        await websocket.send(msgpack_numpy.packb(message))
+                    try:
+                        async with asyncio.timeout(self._limits.idle_timeout_s):
+                            await websocket.send(msgpack_numpy.packb(message))
+                    except TimeoutError:
+                        reason = f"an event unsent for {self._limits.idle_timeout_s:g} s"
+                        await self._close_slow_reader(websocket, reason)
+                        return
                     event = asyncio.ensure_future(events.get())
                 else:
                     await websocket.close(CloseCode.GOING_AWAY, f"idle for {self._limits.idle_timeout_s:g} s")
@@ -559,12 +762,24 @@ class _ConnectionHandler:
             for task in (incoming, stopping, event):
                 task.cancel()
 
+    async def _close_slow_reader(self, websocket: ServerConnection, reason: str) -> None:
+        """Closes a `/text` subscriber that stopped reading: 1008 (policy violation), as the stream's terms
+        say; 1011 (internal error) would tell it the server failed."""
+        logger.info("Closing %s: not reading, %s", websocket.remote_address, reason)
+        metrics.refused(self._backend, "slow_reader")
+        await websocket.close(CloseCode.POLICY_VIOLATION, f"not reading: {reason}")
+
     def _error_line(self, websocket: ServerConnection, error: Exception) -> str:
-        """One line for the client; the traceback goes to the log under the same error id."""
+        """One line for the client; the traceback goes to the log under the same error id. Bad requests
+        are logged once per connection and `LOG_INTERVAL_S` (the rest are counted)."""
         error_id = uuid.uuid4().hex[:8]
         if isinstance(error, BadRequestError):
             detail = _shortened(str(error))
-            logger.info("Bad request from %s [%s]: %s", websocket.remote_address, error_id, detail)
+            what = f"bad requests from {websocket.remote_address}"
+            args = (websocket.remote_address, error_id, detail)
+            self._log.log(
+                logging.INFO, (websocket, "bad_request"), what, "Bad request from %s [%s]: %s", *args
+            )
             line = f"Bad request: {detail} (error id {error_id})"
         else:
             logger.error("Request from %s failed [%s]", websocket.remote_address, error_id, exc_info=error)
@@ -588,6 +803,10 @@ class _ConnectionHandler:
             server_timing["prev_total_ms"] = prev_total_ms
         reply = {"policy_timing": {"infer_ms": infer_ms}, **result, "server_timing": server_timing}
         return msgpack_numpy.packb(reply)
+
+
+def _bytes(mb: float | None) -> int | None:
+    return None if mb is None else int(mb * 2**20)
 
 
 def _address(connection: ServerConnection) -> str:

@@ -31,7 +31,11 @@ a time and decodes its text to completion within it.
 No client can stall or lock out the others: robot connections and `/text` subscribers have caps of their
 own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`), idle ones are closed after
 `--idle_timeout_s`, a message must arrive whole within `--receive_timeout_s`, and SIGTERM answers every
-request received or buffered before closing, within `--drain_timeout_s`. `--api_key` (or
+request received before it (refusing later ones in one line) before closing, within `--drain_timeout_s`.
+What a client can make the server hold or do is bounded: its unread requests in bytes
+(`--max_pending_mb`, `--max_pending_total_mb`: past them the server stops reading it), its requests a
+second (`--max_requests_per_s`), new connections a second (`--max_handshakes_per_s`) and failed API keys
+per address. `--api_key` (or
 $OXYGEN_API_KEY) makes robots and `/text` send `Authorization: Api-Key <key>` (openpi-client's `api_key`);
 `GET /healthz` and `GET /readyz` stay open (docs/serving.md).
 
@@ -150,6 +154,35 @@ _DRAIN_TIMEOUT_S = flags.DEFINE_float(
     "On SIGTERM, longest wait to answer the requests received or buffered.",
     lower_bound=0,
 )
+_MAX_PENDING_MB = flags.DEFINE_float(
+    "max_pending_mb",
+    4.0,
+    "Requests one connection sent that the server has not answered yet (MiB; a robot waits for each "
+    "reply, so it has one); past it the server stops reading that connection until it catches up (0: no "
+    "bound).",
+    lower_bound=0,
+)
+_MAX_PENDING_TOTAL_MB = flags.DEFINE_float(
+    "max_pending_total_mb",
+    256.0,
+    "The same, summed over all connections; past it every connection with pending requests waits (0: no "
+    "bound).",
+    lower_bound=0,
+)
+_MAX_REQUESTS_PER_S = flags.DEFINE_float(
+    "max_requests_per_s",
+    500.0,
+    "Requests one connection may send a second, in bursts of as many; past it a request is refused in one "
+    "line, unread (0: no limit).",
+    lower_bound=0,
+)
+_MAX_HANDSHAKES_PER_S = flags.DEFINE_float(
+    "max_handshakes_per_s",
+    100.0,
+    "New websocket connections admitted a second, in bursts of as many; more wait their turn (up to 5 s, "
+    "then HTTP 503) (0: no limit).",
+    lower_bound=0,
+)
 API_KEY_ENV = "OXYGEN_API_KEY"
 _API_KEY = flags.DEFINE_string(
     "api_key",
@@ -245,6 +278,10 @@ def server_config() -> ServerConfig:
         idle_timeout_s=_IDLE_TIMEOUT_S.value or None,
         receive_timeout_s=_RECEIVE_TIMEOUT_S.value or None,
         drain_timeout_s=_DRAIN_TIMEOUT_S.value,
+        max_pending_mb=_MAX_PENDING_MB.value or None,
+        max_pending_total_mb=_MAX_PENDING_TOTAL_MB.value or None,
+        max_requests_per_s=_MAX_REQUESTS_PER_S.value or None,
+        max_handshakes_per_s=_MAX_HANDSHAKES_PER_S.value or None,
         api_key=_API_KEY.value or os.environ.get(API_KEY_ENV) or None,
         debug_errors=_DEBUG_ERRORS.value,
     )

@@ -1,0 +1,125 @@
+"""The server's bounds on what clients may make it hold or do per second: pending bytes, request and
+handshake rates, and log lines (`websocket_server` applies them).
+
+- `ReadBudget`: bytes of the requests a connection sent that the server has not answered yet (read or
+  not), counted per connection and for the server. Past either bound the connection stops being read
+  (TCP pushes back on the client) until its requests are answered; a connection with nothing pending is
+  never paused, so a robot that waits for each reply is never slowed by others' backlog.
+- `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes,
+  failed API keys of one address).
+- `LogThrottle`: the first line of a kind per key and interval, then one line that counts the rest, so a
+  client repeating a fault cannot flood the log.
+"""
+
+import logging
+import time
+from collections.abc import Hashable
+from typing import Protocol
+
+
+class Reader(Protocol):
+    """A connection whose reading can be paused (its transport's)."""
+
+    pending_bytes: int
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...
+
+
+class ReadBudget:
+    """Pending bytes per connection (`per_connection`) and in all (`total`); None: no bound."""
+
+    def __init__(self, per_connection: int | None, total: int | None) -> None:
+        self.per_connection = per_connection
+        self.total = total
+        self.pending = 0
+        self._paused: set[Reader] = set()
+
+    def received(self, reader: Reader, size: int) -> None:
+        reader.pending_bytes += size
+        self.pending += size
+        if reader not in self._paused and self._over(reader):
+            self._paused.add(reader)
+            reader.pause_reading()
+
+    def released(self, reader: Reader, size: int) -> None:
+        reader.pending_bytes -= size
+        self.pending -= size
+        for paused in [paused for paused in self._paused if not self._over(paused)]:
+            self._paused.discard(paused)
+            paused.resume_reading()
+
+    def forget(self, reader: Reader) -> None:
+        """The connection is gone: what it left pending no longer counts."""
+        self._paused.discard(reader)
+        self.released(reader, reader.pending_bytes)
+
+    def _over(self, reader: Reader) -> bool:
+        if self.per_connection is not None and reader.pending_bytes > self.per_connection:
+            return True
+        return self.total is not None and self.pending > self.total and reader.pending_bytes > 0
+
+
+class TokenBucket:
+    """`rate` tokens a second, at most `burst` saved up."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._stamp = time.monotonic()
+
+    def take(self) -> bool:
+        """Takes a token if one is there."""
+        return self.reserve(0.0) is not None
+
+    def reserve(self, max_wait_s: float) -> float | None:
+        """Takes the next token and returns how long to wait for it, or None (nothing taken) when that
+        would be longer than `max_wait_s`."""
+        wait = max(0.0, (1.0 - self.tokens) / self.rate)
+        if wait > max_wait_s:
+            return None
+        self._tokens -= 1.0
+        return wait
+
+    @property
+    def tokens(self) -> float:
+        """Tokens there now (negative: reserved ahead)."""
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
+        self._stamp = now
+        return self._tokens
+
+
+class LogThrottle:
+    """Logs the first message per key and interval; the others of that interval are counted and reported
+    in one line when the next interval starts or the key is flushed. It remembers at most `MAX_KEYS`
+    keys (then flushes the oldest), however many clients come and go."""
+
+    MAX_KEYS = 4096
+
+    def __init__(self, logger: logging.Logger, interval_s: float) -> None:
+        self._logger = logger
+        self.interval_s = interval_s
+        self._since: dict[Hashable, tuple[float, int, str]] = {}  # key -> (interval start, held, what)
+
+    def log(self, level: int, key: Hashable, what: str, message: str, *args: object) -> None:
+        """`message % args` at `level`, unless `key` had a line this interval; `what` names the kind
+        in the summary line (e.g. "bad requests from ('1.2.3.4', 5)")."""
+        now = time.monotonic()
+        start, held, _ = self._since.get(key, (0.0, 0, what))
+        if now - start < self.interval_s:
+            self._since[key] = (start, held + 1, what)
+            return
+        self.flush(key)
+        if len(self._since) >= self.MAX_KEYS:
+            self.flush(next(iter(self._since)))
+        self._since[key] = (now, 0, what)
+        self._logger.log(level, message, *args)
+
+    def flush(self, key: Hashable) -> None:
+        """Reports the messages `key` held back, and forgets it."""
+        _, held, what = self._since.pop(key, (0.0, 0, ""))
+        if held:
+            self._logger.info("... and %d more %s within %g s", held, what, self.interval_s)

@@ -1,0 +1,297 @@
+"""What a client can make the server hold or do is bounded: pending requests in bytes, requests and
+handshakes per second, failed API keys per address, log lines per connection; and a drain ends while
+robots keep sending. Each against a small numpy backend on loopback, with small limits."""
+
+import logging
+import signal
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import OPENPI_CLIENT_WARNING, metric_samples, raw_observation, serve_script, websocket
+from test_serving_hardening import STATE, StreamingBackend, ask, robot
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving.flow_control import ReadBudget
+from oxygen_jax.serving.metrics import ServerMetrics
+from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
+
+pytestmark = [pytest.mark.timeout(60), OPENPI_CLIENT_WARNING]
+SERVER_LOGGER = "oxygen_jax.serving.websocket_server"
+
+
+class MeteredBackend(StreamingBackend):
+    """The tripler with Prometheus metrics, so a test can read the server's counters."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics = ServerMetrics(self.metadata)
+
+
+def served(**limits: Any) -> BackgroundServer:
+    return BackgroundServer(MeteredBackend(), limits=ServerLimits(**limits), infer_workers=4)
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    samples = [s for s in metric_samples(port) if s.name == name and labels.items() <= s.labels.items()]
+    return sum(sample.value for sample in samples)
+
+
+def log_lines(caplog: pytest.LogCaptureFixture, text: str) -> int:
+    return sum(text in record.getMessage() for record in caplog.records if record.name == SERVER_LOGGER)
+
+
+# --- pending requests, in bytes ---
+
+
+def pipelined_peak(limits: dict[str, Any]) -> float:
+    """A robot pipelines 30 requests of 0.25 MB without reading (a robot waits for each reply) while
+    another robot is served; the server's peak of pending request bytes. Every request is answered once
+    the first robot reads."""
+    message = msgpack_numpy.packb({"state": STATE, "padding": np.zeros(2**18, np.uint8), "sleep_s": 0.02})
+    with served(**limits) as running, robot(running.port) as hog, robot(running.port) as healthy:
+        sender = threading.Thread(target=lambda: [hog.send(message) for _ in range(30)])
+        sender.start()
+        peak, deadline = 0.0, time.monotonic() + 0.6
+        while time.monotonic() < deadline:
+            peak = max(peak, metric(running.port, "oxygen_pending_request_bytes"))
+            np.testing.assert_array_equal(ask(healthy, {"state": STATE})["actions"], STATE * 3)
+        replies = [hog.recv(timeout=10) for _ in range(30)]
+        sender.join(timeout=10)
+        assert all(msgpack_numpy.unpackb(reply)["actions"].shape == (3,) for reply in replies)
+    return peak
+
+
+def test_pipelined_large_requests_are_held_back_in_bytes_and_all_answered():
+    """Pending requests stay within the per-connection bound plus the one that crossed it and one read of
+    the socket; TCP holds the rest back. Without the bound the server holds several times as much."""
+    bounded = pipelined_peak({"max_pending_mb": 0.5, "max_pending_total_mb": 0.6})
+    assert 0 < bounded <= 0.5 * 2**20 + 2 * 2**18 + 2**18
+    assert pipelined_peak({"max_pending_mb": None, "max_pending_total_mb": None}) > 2 * bounded
+
+
+def test_a_robot_that_waits_for_its_replies_is_never_held_back_by_the_total():
+    """The total bound is far below one request: a robot with nothing pending still gets each in."""
+    with served(max_pending_mb=0.01, max_pending_total_mb=0.01) as running, robot(running.port) as healthy:
+        big = {"state": STATE, "padding": np.zeros(2**20, np.uint8)}
+        for _ in range(3):
+            np.testing.assert_array_equal(ask(healthy, big)["actions"], STATE * 3)
+        assert metric(running.port, "oxygen_pending_request_bytes") == 0
+
+
+# --- the drain ends while robots keep sending ---
+
+
+def test_the_drain_answers_what_came_before_refuses_what_came_after_and_ends_while_robots_send():
+    running = served(drain_timeout_s=20).start()
+    connections = [robot(running.port) for _ in range(3)]
+    replies: list[list[Any]] = [[] for _ in connections]
+
+    def keep_sending(connection: Any) -> None:
+        message = msgpack_numpy.packb({"state": STATE, "sleep_s": 0.01})
+        try:
+            while True:
+                connection.send(message)
+                time.sleep(0.002)
+        except ConnectionClosed:
+            pass
+
+    def keep_reading(connection: Any, into: list[Any]) -> None:
+        try:
+            while True:
+                into.append(connection.recv(timeout=20))
+        except ConnectionClosed:
+            into.append((connection.close_code, connection.close_reason))
+
+    threads = [threading.Thread(target=keep_sending, args=(c,)) for c in connections]
+    threads += [
+        threading.Thread(target=keep_reading, args=(c, r)) for c, r in zip(connections, replies, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)
+    start = time.monotonic()
+    running.stop(timeout=20)
+    assert time.monotonic() - start < 10  # the drain_timeout_s is 20: it ended on its own
+    for thread in threads:
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    for received in replies:
+        assert received[-1] == (1001, "server shutting down")
+        answered = [reply for reply in received[:-1] if isinstance(reply, bytes)]
+        refused = [reply for reply in received[:-1] if isinstance(reply, str)]
+        assert answered and all(
+            line.startswith("Server shutting down: request not served") for line in refused
+        )
+        assert received[: len(answered)] == answered  # refusals only after every answer
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_serve_exits_on_sigterm_well_within_the_drain_timeout_while_robots_keep_sending(tmp_path):
+    """serve.py on the tiny model: two robots send requests back to back without waiting for replies;
+    after SIGTERM each connection closes with 1001 and the process exits long before --drain_timeout_s."""
+    with serve_script(tmp_path, "--drain_timeout_s=60") as (process, port):
+        robots = [robot(port) for _ in range(2)]
+        message = msgpack_numpy.packb(raw_observation())
+        for connection in robots:  # warm-up: the first request compiles
+            connection.send(message)
+            assert isinstance(connection.recv(timeout=120), bytes)
+        closes: list[tuple[int | None, str | None]] = []
+
+        def keep_sending(connection: Any) -> None:
+            reader = threading.Thread(target=lambda: closes.append(drain_replies(connection)))
+            reader.start()
+            try:
+                while True:
+                    connection.send(message)
+                    time.sleep(0.005)
+            except ConnectionClosed:
+                reader.join(timeout=30)
+
+        senders = [threading.Thread(target=keep_sending, args=(connection,)) for connection in robots]
+        for sender in senders:
+            sender.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+        assert time.monotonic() - start < 15  # --drain_timeout_s is 60
+        for sender in senders:
+            sender.join(timeout=30)
+        assert closes == [(1001, "server shutting down")] * 2
+
+
+def drain_replies(connection: Any) -> tuple[int | None, str | None]:
+    """Reads replies until the connection closes; its close code and reason."""
+    try:
+        while True:
+            connection.recv(timeout=60)
+    except ConnectionClosed:
+        return connection.close_code, connection.close_reason
+
+
+# --- rates and log lines ---
+
+
+def test_requests_past_the_rate_are_refused_counted_and_logged_once(caplog):
+    caplog.set_level(logging.INFO, SERVER_LOGGER)
+    with served(max_requests_per_s=5) as running, robot(running.port) as connection:
+        for _ in range(20):
+            connection.send(msgpack_numpy.packb({"state": STATE}))
+        replies = [connection.recv(timeout=10) for _ in range(20)]
+        refused = [reply for reply in replies if isinstance(reply, str)]
+        assert 10 <= len(refused) <= 15  # a burst of 5 passes, plus what refilled meanwhile
+        assert set(refused) == {
+            "Too many requests: at most 5 a second on one connection (request not served)"
+        }
+        assert metric(running.port, "oxygen_refusals_total", reason="rate_limit") == len(refused)
+        time.sleep(1.0)  # refilled: served again
+        np.testing.assert_array_equal(ask(connection, {"state": STATE})["actions"], STATE * 3)
+    assert log_lines(caplog, "Too many requests") == 1
+
+
+def test_repeated_bad_requests_are_counted_and_logged_once_per_connection(caplog):
+    caplog.set_level(logging.INFO, SERVER_LOGGER)
+    with served() as running:
+        with robot(running.port) as connection:
+            for _ in range(50):
+                connection.send("not msgpack")
+            replies = [connection.recv(timeout=10) for _ in range(50)]
+            assert all(reply.startswith("Bad request: expected a binary msgpack frame") for reply in replies)
+            assert metric(running.port, "oxygen_errors_total", kind="bad_request") == 50
+        deadline = time.monotonic() + 5
+        while log_lines(caplog, "49 more bad requests") == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # the summary comes when the connection ends
+    assert log_lines(caplog, "Bad request from") == 1
+    assert log_lines(caplog, "... and 49 more bad requests") == 1
+
+
+def test_failed_api_keys_are_throttled_per_address_counted_and_logged_once(caplog):
+    caplog.set_level(logging.INFO, SERVER_LOGGER)
+    wrong = {"Authorization": "Api-Key wrong"}
+    with served(api_key="s3cret") as running:
+        statuses = []
+        for _ in range(12):
+            with pytest.raises(InvalidStatus) as refused:
+                websocket(running.port, additional_headers=wrong)
+            statuses.append(refused.value.response.status_code)
+        assert statuses == [401] * 10 + [429] * 2  # a burst of 10 failures, then no more checks
+        registry = running._backend.metrics.registry  # /metrics needs a key, which waits its turn too
+        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key"}) == 10
+        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key_throttled"}) == 2
+        time.sleep(1.1)  # one failure a second refills: the right key is checked again
+        with websocket(running.port, additional_headers={"Authorization": "Api-Key s3cret"}):
+            pass
+    assert log_lines(caplog, "no valid API key") == 1
+    assert log_lines(caplog, "Too many failed API keys") == 1
+
+
+def test_handshakes_are_admitted_at_the_bounded_rate():
+    """Ten robots connect at once at 5 handshakes a second in bursts of 5: all get in, the last five
+    after their turn (at least 0.8 s)."""
+    with served(max_handshakes_per_s=5) as running:
+        opened: list[Any] = []
+        start = time.monotonic()
+        threads = [threading.Thread(target=lambda: opened.append(robot(running.port))) for _ in range(10)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=20)
+        elapsed = time.monotonic() - start
+        assert len(opened) == 10 and elapsed >= 0.8
+        for connection in opened:
+            np.testing.assert_array_equal(ask(connection, {"state": STATE})["actions"], STATE * 3)
+            connection.close()
+
+
+def test_a_text_subscriber_that_stops_reading_is_closed_with_1008():
+    """The subscriber reads nothing (its client buffers one message): once an event waits unsent for the
+    idle timeout, it is closed with 1008 (policy violation), not 1011 (an internal error)."""
+    limits = {"idle_timeout_s": 0.5}
+    with served(**limits) as running, websocket(running.port, "/text", max_queue=1, max_size=None) as stalled:
+        for _ in range(64):
+            running._backend.publish("x" * 2**20)
+        time.sleep(2)  # reads nothing meanwhile
+        received = 0
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                stalled.recv(timeout=20)
+                received += 1
+        assert closed.value.rcvd.code == 1008
+        assert closed.value.rcvd.reason == "not reading: an event unsent for 0.5 s"
+        assert received < 64
+        assert metric(running.port, "oxygen_refusals_total", reason="slow_reader") == 1
+
+
+class FakeReader:
+    """A connection as `ReadBudget` sees it: its pending bytes and whether its reading is paused."""
+
+    def __init__(self) -> None:
+        self.pending_bytes = 0
+        self.paused = False
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+
+def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():
+    budget = ReadBudget(per_connection=100, total=150)
+    hog, other, idle = FakeReader(), FakeReader(), FakeReader()
+    budget.received(hog, 101)
+    assert hog.paused and budget.pending == 101  # past its own bound
+    budget.received(other, 60)
+    assert other.paused  # the total (161) is past 150 and it has pending bytes
+    budget.released(hog, 101)
+    assert not hog.paused and not other.paused and budget.pending == 60
+    budget.received(idle, 0)
+    budget.received(hog, 100)
+    assert not idle.paused and hog.paused  # 160 > 150: only those with pending bytes wait
+    budget.forget(hog)
+    assert budget.pending == 60 and not other.paused
