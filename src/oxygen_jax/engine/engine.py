@@ -59,9 +59,11 @@ class Engine:
         # Entry points are called with keywords: a signature change cannot shift which argument is
         # static or donated.
         self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
-        self._denoise = jax.jit(pi05.denoise, static_argnames="config")
-        self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames="config")
-        self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames="config")
+        # num_steps static: the flow loop's trip count is a compile-time constant (one program per count).
+        denoise_static = ("config", "num_steps")
+        self._denoise = jax.jit(pi05.denoise, static_argnames=denoise_static)
+        self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames=denoise_static)
+        self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames=denoise_static)
         self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
         self._score = jax.jit(language.score, static_argnames="config")
         self._init_state = (
@@ -134,9 +136,9 @@ class Engine:
         if self.config.max_clean_prefix:
             program, active = self._conditioned_denoise, columns["frozen"]
         if not active.any():
-            return self._denoise(**inputs, num_steps=num_steps)
+            return self._denoise(**inputs, num_steps=int(num_steps))
         rows = self._place_rows({k: jnp.asarray(v) for k, v in columns.items()})
-        return program(**inputs, num_steps=num_steps, guidance=guidance_lib.Guidance(**rows))
+        return program(**inputs, num_steps=int(num_steps), guidance=guidance_lib.Guidance(**rows))
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
         return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))

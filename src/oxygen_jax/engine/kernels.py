@@ -31,11 +31,14 @@ class KernelPolicy:
     """Static execution choices for one backend (implements `gemma.Kernels`).
 
     matvec_split: cores a one-row matmul's contraction is spread over (1: a plain dot);
-    decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes).
+    decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes);
+    unroll_loops: the flow loop fully unrolled (one straight program, no loop at all), else a loop of
+    compile-time length (`pi05.integrate_flow`).
     """
 
     matvec_split: int = 1
     decode_options: tuple[tuple[str, str], ...] = ()
+    unroll_loops: bool = False
 
     def _parts(self, rows: int, k: int) -> int:
         return math.gcd(k, self.matvec_split) if rows == 1 else 1

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -61,6 +62,9 @@ class Kernels(Protocol):
     """How the large dots run. The model is written against this hook; the engine passes a policy chosen
     for its backend (engine/kernels.py), and `PlainKernels` is the backend-neutral default."""
 
+    # True: the flow loop (`pi05.integrate_flow`) fully unrolled, else a loop of compile-time length.
+    unroll_loops: bool
+
     def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
         """x [..., K] @ w [K, N]."""
 
@@ -74,6 +78,8 @@ class Kernels(Protocol):
 @dataclasses.dataclass(frozen=True)
 class PlainKernels:
     """Each dot as one einsum, as openpi writes it."""
+
+    unroll_loops: bool = False
 
     def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
         return jnp.dot(x, w)
@@ -106,9 +112,49 @@ class Projection(nn.Module):
         return y.reshape(*batch, *self.shape[self.in_dims :])
 
 
+@flax.struct.dataclass
+class Modulated:
+    """An adaRMS norm's (scale | shift | gate) [..., 3 * width], computed ahead of the norm from its
+    condition (`adarms_modulations`)."""
+
+    value: jax.Array
+
+
+@flax.struct.dataclass
+class AdaRMS:
+    """One expert's adaRMS modulations for every norm of the runtime layout, computed ahead of the layers
+    (`adarms_modulations`): attention[i] and ffw[i] are layer i's pre-attention and pre-MLP norms'."""
+
+    attention: tuple[jax.Array, ...]
+    ffw: tuple[jax.Array, ...]
+    final: jax.Array
+
+    def layer(self, i: int) -> tuple[Modulated, Modulated]:
+        return Modulated(self.attention[i]), Modulated(self.ffw[i])
+
+
+def adarms_modulations(llm: dict, cond: jax.Array, expert: int, dtype: str) -> AdaRMS:
+    """Every adaRMS norm's modulation of `expert` from cond [..., D_cond], over the runtime layout's `llm`
+    params: each norm's Dense applied once to all rows of cond (the flow steps' conditions, computed before
+    the loop instead of in every step), as `RMSNorm` would apply it to one row at a time."""
+
+    def modulate(norm: dict) -> jax.Array:
+        dense = norm["Dense_0"]
+        return nn.Dense(dense["kernel"].shape[-1], dtype=dtype).apply({"params": dense}, cond)
+
+    layers = [llm[layer_name(i)] for i in range(sum(k.startswith("layers_") for k in llm))]
+    return AdaRMS(
+        attention=tuple(modulate(layer[_name("pre_attention_norm", expert)]) for layer in layers),
+        ffw=tuple(modulate(layer[_name("pre_ffw_norm", expert)]) for layer in layers),
+        final=modulate(llm[_name("final_norm", expert)]),
+    )
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with zero-centred scale; adaRMS (scale, shift, gate from `cond`) when cond is given.
 
+    cond: None, the condition [B, D_cond] (or [B, T, D_cond], one per token) from which the norm's Dense
+    computes the modulation, or that modulation computed ahead (`Modulated`).
     Normalization, scale and shift are computed in float32 and cast back to the input dtype.
     Returns (normed, gate); gate is None for plain RMSNorm.
 
@@ -117,15 +163,20 @@ class RMSNorm(nn.Module):
     """
 
     @nn.compact
-    def __call__(self, x: jax.Array, cond: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x: jax.Array, cond: "jax.Array | Modulated | None"
+    ) -> tuple[jax.Array, jax.Array | None]:
         dtype = x.dtype
         var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
         normed = x * jax.lax.rsqrt(var + _RMS_EPS)
         if cond is None:
             scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
             return (normed * (1 + scale)).astype(dtype), None
-        modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
-        if modulation.ndim == 2:  # one condition per row, else one per token
+        if isinstance(cond, Modulated):
+            modulation = cond.value
+        else:
+            modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
+        if modulation.ndim == 2:  # one condition per row, else one per token (or one for all rows)
             modulation = modulation[:, None, :]
         scale, shift, gate = jnp.split(modulation, 3, axis=-1)
         return (normed * (1 + scale) + shift).astype(dtype), gate
@@ -325,8 +376,14 @@ def _gated_residual(x, y, gate):
     return x + y if gate is None else x + y * gate
 
 
+def _norm_cond(cond, which: int):
+    """A layer's adaRMS input for its norm `which` (0 pre-attention, 1 pre-MLP): see `Block`."""
+    return cond[which] if isinstance(cond, tuple) else cond
+
+
 class Block(nn.Module):
-    """Pre-norm transformer layer shared by all experts (d_first: see `Attention`)."""
+    """Pre-norm transformer layer shared by all experts (d_first: see `Attention`). adarms_cond per expert:
+    None, the condition, or the (pre-attention, pre-MLP) norms' `Modulated` (`AdaRMS.layer`)."""
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
@@ -336,7 +393,8 @@ class Block(nn.Module):
     def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx):
         normed, gates = [], []
         for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
-            n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
+            norm = RMSNorm(name=_name("pre_attention_norm", i))
+            n, g = norm(x, _norm_cond(cond, 0)) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
         attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, name="attn")(
@@ -350,7 +408,7 @@ class Block(nn.Module):
                 ffn_out.append(None)
                 gates.append(None)
                 continue
-            n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, cond)
+            n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, _norm_cond(cond, 1))
             ffn_out.append(FeedForward(c.width, c.mlp_dim, self.kernels, name=_name("mlp", i))(n))
             gates.append(g)
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, ffn_out, gates, strict=True)]
@@ -419,6 +477,7 @@ class Transformer(nn.Module):
         """Every expert's tokens through the stack and its final norm.
 
         embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
+        adarms_cond: per expert None, the adaRMS condition, or (unscanned) its `AdaRMS` computed ahead;
         kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
         [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
         Returns (final-normed outputs per expert, (k, v)): per layer the new tokens' [B, T, K, H], or
@@ -434,11 +493,12 @@ class Transformer(nn.Module):
             per_layer = []
             for i, layer in enumerate(self.layers):
                 layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
-                xs, kv = layer(xs, layer_cache, positions, mask, adarms_cond, write_idx)
+                layer_cond = [c.layer(i) if isinstance(c, AdaRMS) else c for c in adarms_cond]
+                xs, kv = layer(xs, layer_cache, positions, mask, layer_cond, write_idx)
                 per_layer.append(kv)
             new_kv = tuple(zip(*per_layer, strict=True))
         normed = [
-            None if x is None else norm(x, cond)[0]
+            None if x is None else norm(x, Modulated(cond.final) if isinstance(cond, AdaRMS) else cond)[0]
             for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
         ]
         return normed, new_kv

@@ -14,6 +14,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from oxygen_jax.models import gemma, siglip
 
@@ -151,13 +152,18 @@ class Pi05(nn.Module):
         )
         return cache, hidden
 
-    def embed_suffix(self, x_t: jax.Array, time: jax.Array):
+    def time_condition(self, time: jax.Array) -> jax.Array:
         cond = posemb_sincos(time, self.config.action_expert.width, min_period=4e-3, max_period=4.0)
-        cond = nn.swish(self.time_mlp_out(nn.swish(self.time_mlp_in(cond))))
-        return self.action_in_proj(x_t), cond
+        return nn.swish(self.time_mlp_out(nn.swish(self.time_mlp_in(cond))))
+
+    def embed_suffix(self, x_t: jax.Array, time: jax.Array):
+        return self.action_in_proj(x_t), self.time_condition(time)
 
     def predict_velocity(self, cache: PrefixCache, x_t: jax.Array, time: jax.Array) -> jax.Array:
-        tokens, cond = self.embed_suffix(x_t, time)
+        return self.velocity(cache, x_t, self.time_condition(time))
+
+    def velocity(self, cache: PrefixCache, x_t: jax.Array, condition) -> jax.Array:
+        tokens = self.action_in_proj(x_t)
         batch, horizon = x_t.shape[:2]
         mask = jnp.concatenate(
             [
@@ -167,7 +173,9 @@ class Pi05(nn.Module):
             axis=-1,
         )
         positions = cache.length[:, None] + jnp.arange(horizon)[None, :]
-        (_, out), _ = self.PaliGemma.llm([None, tokens], positions, mask, [None, cond], (cache.k, cache.v))
+        (_, out), _ = self.PaliGemma.llm(
+            [None, tokens], positions, mask, [None, condition], (cache.k, cache.v)
+        )
         return self.action_out_proj(out)
 
     def text_forward(self, tokens, positions, kv_cache, kv_valid, write_idx=None):
@@ -331,29 +339,90 @@ def predict_velocity(
     return _apply(params, config, Pi05.predict_velocity, cache, x_t, time)
 
 
+def flow_times(num_steps: int) -> np.ndarray:
+    """The flow times [num_steps'] of openpi's Euler loop, replayed on the host in float32 (`time = 1;
+    while time >= -dt / 2: ...; time += dt` with dt = float32(-1 / num_steps)), so a loop of compile-time
+    length steps through exactly openpi's times."""
+    dt = flow_dt(num_steps)
+    times, time = [], np.float32(1.0)
+    while time >= -dt / np.float32(2):
+        times.append(time)
+        time = np.float32(time + dt)
+    return np.array(times, np.float32)
+
+
+def flow_dt(num_steps: int) -> np.float32:
+    return np.float32(-1.0) / np.float32(num_steps)
+
+
+def flow_conditions(params: dict, config: Pi05Config, times: jax.Array):
+    """The action expert's conditioning at flow times [S], computed once for all of them: the time MLP, and
+    in the runtime layout every adaRMS norm's modulation (`gemma.AdaRMS`). Each leaf has S leading; a
+    step's slice is what `velocity` takes."""
+    cond = _apply(params, config, Pi05.time_condition, times)
+    if config.scan_layers:
+        return cond
+    return gemma.adarms_modulations(params["PaliGemma"]["llm"], cond, expert=1, dtype=config.dtype)
+
+
+def velocity(params: dict, config: Pi05Config, cache: PrefixCache, x_t: jax.Array, condition) -> jax.Array:
+    """`predict_velocity` with the action expert's conditioning given: one step's slice of
+    `flow_conditions` (shared by every row), or one per row or token along its leading dims."""
+    return _apply(params, config, Pi05.velocity, cache, x_t, condition)
+
+
 def denoise(
     params: dict, config: Pi05Config, cache: PrefixCache, noise: jax.Array, num_steps: int | jax.Array
 ) -> jax.Array:
-    """Euler integration of the flow from t=1 (noise) to t=0 (actions). num_steps may be traced."""
+    """Euler integration of the flow from t=1 (noise) to t=0 (actions).
 
-    def velocity(x_t, time):
-        return predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
+    num_steps a Python int (static under jit, as the engine passes it): `integrate_flow`, a loop of
+    compile-time length with the conditioning computed before it. Traced: openpi's while loop on the float
+    time, one program for every step count, the conditioning computed in every step.
+    """
+    if not isinstance(num_steps, int):
+        return _denoise_traced(params, config, cache, noise, num_steps)
 
-    return integrate_flow(velocity, noise, num_steps)
+    def step_velocity(x_t, _time, condition):
+        return velocity(params, config, cache, x_t, condition)
+
+    return integrate_flow(
+        step_velocity, noise, num_steps, lambda times: flow_conditions(params, config, times), config.kernels
+    )
 
 
-def integrate_flow(
-    velocity: Callable[[jax.Array, jax.Array], jax.Array], noise: jax.Array, num_steps: int | jax.Array
-) -> jax.Array:
-    """Euler steps of velocity(x_t, t) (t a float32 scalar) from t=1 (noise) to t=0, dt = -1/num_steps as
-    openpi steps (num_steps may be traced): every denoiser's loop (plain, guided, conditioned)."""
+def _denoise_traced(params, config, cache, noise, num_steps):
     dt = (-1.0 / jnp.asarray(num_steps, jnp.float32)).astype(jnp.float32)
 
     def step(carry):
         x_t, time = carry
-        return x_t + dt * velocity(x_t, time), time + dt
+        v_t = predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
+        return x_t + dt * v_t, time + dt
 
     x_0, _ = jax.lax.while_loop(lambda c: c[1] >= -dt / 2, step, (noise, jnp.float32(1.0)))
+    return x_0
+
+
+def integrate_flow(
+    velocity: Callable[[jax.Array, jax.Array, object], jax.Array],
+    noise: jax.Array,
+    num_steps: int,
+    conditions: Callable[[jax.Array], object],
+    kernels: gemma.Kernels,
+) -> jax.Array:
+    """Euler steps of velocity(x_t, t, condition) over openpi's flow times (`flow_times`), dt = -1/num_steps:
+    every denoiser's loop (plain, guided, conditioned). conditions(times [S]) -> a pytree with S leading,
+    computed once before the loop; each step gets its slice. The loop's trip count is a compile-time
+    constant (a scan over the times; fully unrolled with `kernels.unroll_loops`), so no predicate goes
+    to the host between steps."""
+    times = jnp.asarray(flow_times(num_steps))
+    dt = flow_dt(num_steps)
+
+    def step(x_t, inputs):
+        time, condition = inputs
+        return x_t + dt * velocity(x_t, time, condition), None
+
+    x_0, _ = jax.lax.scan(step, noise, (times, conditions(times)), unroll=kernels.unroll_loops)
     return x_0
 
 
