@@ -147,7 +147,8 @@ def test_conditioned_denoise_equals_the_per_step_while_loop(engine, cache, rtc_i
 
 
 def test_unrolled_loop_gives_the_same_actions(golden_params, tiny_config, engine, cache, rtc_io):
-    unrolled = Engine(golden_params, tiny_config, kernel_policy=kernels.KernelPolicy(unroll_loops=True))
+    policy = dataclasses.replace(kernels.for_backend(), unroll_loops=True)
+    unrolled = Engine(golden_params, tiny_config, kernel_policy=policy)
     for num_steps in (1, 3):
         np.testing.assert_array_equal(
             unrolled.denoise(cache, rtc_io["in/noise"], num_steps),

@@ -11,8 +11,13 @@ Einsum axes:
 
 Instead of openpi's "concatenate the cache inside attention and return it", every call returns only the
 new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache, a slot of the decode
-batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` without
-materializing that concatenation: one softmax over both logit blocks, then one value product per block.
+batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` as key blocks
+through the `Kernels.attention` hook: `concat_attention` concatenates them into one buffer with one
+softmax, as openpi does (`PlainKernels`, and the engine on GPU); `block_attention` never materializes the
+concatenation: one softmax over both logit blocks, then one value product per block (the engine on CPU).
+
+The action expert's adaRMS modulations depend only on the flow time: denoising computes them for all
+steps before its loop (`adarms_modulations`, an `AdaRMS` per step) and the norms take them ready-made.
 
 `Transformer` owns the layer stack in one of two param layouts (its `scan` switch):
 - scan=True, openpi's layout: every layer weight stacked over depth (`layers/...` [depth, ...]) and the
@@ -74,6 +79,13 @@ class Kernels(Protocol):
     def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
         """hidden [..., D] against the embedding table [V, D] -> float32 logits [..., V]."""
 
+    def attention(
+        self, q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+    ) -> jax.Array:
+        """Softmax attention of q [B, T, N, H] (RoPE applied, scaled by H**-0.5) over the key/value blocks
+        [B, S_i, K, H] taken as one sequence of columns, under mask [B, T, sum S_i] (False: the logit is
+        `MASKED_LOGIT`, so a fully masked row averages every value) -> [B, T, N, H] in q's dtype."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PlainKernels:
@@ -90,8 +102,54 @@ class PlainKernels:
     def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
         return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
 
+    def attention(
+        self, q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+    ) -> jax.Array:
+        return concat_attention(q, k_blocks, v_blocks, mask)
+
 
 PLAIN_KERNELS = PlainKernels()
+
+
+def concat_attention(
+    q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+) -> jax.Array:
+    """`Kernels.attention` as openpi computes it: the blocks concatenated into one K/V buffer, one float32
+    softmax over it."""
+    k, v = (
+        blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=1) for blocks in (k_blocks, v_blocks)
+    )
+    batch, length, heads, head_dim = q.shape
+    q = q.reshape(batch, length, k.shape[2], heads // k.shape[2], head_dim)
+    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], logits, MASKED_LOGIT), axis=-1).astype(q.dtype)
+    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(batch, length, heads, head_dim)
+
+
+def block_attention(
+    q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+) -> jax.Array:
+    """`Kernels.attention` over blocks never concatenated: one logit block per key block, one softmax over
+    all of them (`block_softmax.attend`), one value product per block. Under a vjp (guided denoising) a
+    concatenation turns into slices of the gradient and slices into pads; this has neither.
+
+    Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): each dot is one matmul batched
+    over (B, K) with every query row of a kv head together; with K == 1 the key/value transposes are free.
+    """
+    batch, length, heads, head_dim = q.shape
+    kv_heads = k_blocks[0].shape[2]
+    groups = heads // kv_heads
+    q = q.reshape(batch, length, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, groups * length, head_dim)
+    logits, start, shape = [], 0, (batch, kv_heads, groups, length, -1)
+    for k in k_blocks:
+        block = jnp.einsum("BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        block_mask = mask[:, None, None, :, start : start + k.shape[1]]
+        logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
+        start += k.shape[1]
+    encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for v in v_blocks])
+    encoded = encoded.reshape(batch, kv_heads, groups, length, head_dim).transpose(0, 3, 1, 2, 4)
+    return encoded.reshape(batch, length, heads, head_dim)
 
 
 class Projection(nn.Module):
@@ -330,28 +388,7 @@ class Attention(nn.Module):
             )
             blocks = [(k_new.astype(dtype), v_new.astype(dtype))]
 
-        # Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): each dot is one matmul
-        # batched over (B, K) with every query row of a kv head together; with K == 1 the key/value
-        # transposes are free.
-        batch, length = q.shape[:2]
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim).transpose(0, 2, 3, 1, 4)
-        q = q.reshape(batch, cfg.num_kv_heads, groups * length, cfg.head_dim)
-        # One logit block per key block, never concatenated: under a vjp (guided denoising) a concatenation
-        # turns into slices of the gradient and slices into pads.
-        logits, start, shape = [], 0, (batch, cfg.num_kv_heads, groups, length, -1)
-        for k, _ in blocks:
-            block = jnp.einsum(
-                "BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32
-            )
-            block_mask = mask[:, None, None, :, start : start + k.shape[1]]
-            logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
-            start += k.shape[1]
-        encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for _, v in blocks])
-        encoded = encoded.reshape(batch, cfg.num_kv_heads, groups, length, cfg.head_dim).transpose(
-            0, 3, 1, 2, 4
-        )
-        encoded = encoded.reshape(batch, length, cfg.num_heads, cfg.head_dim)
+        encoded = self.kernels.attention(q, [k for k, _ in blocks], [v for _, v in blocks], mask)
 
         out, start = [], 0
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
