@@ -333,6 +333,8 @@ class Attention(nn.Module):
     new tokens' (k, v). With `write_idx` [B]: writes the new tokens into the cache at those columns
     first, attends the updated cache under mask [B, T, S_cache] and returns it. The write-then-read
     order lets XLA update a decode buffer in place; a read before the write would force a copy.
+    With `query_rows` [B] (one expert's tokens only): keys/values for every token, but queries (and the
+    output, [B, 1, D]) only for token query_rows[b] of each row.
     d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's.
     """
 
@@ -340,12 +342,14 @@ class Attention(nn.Module):
     kernels: Kernels
     d_first: bool
 
-    def _qkv(self, x: jax.Array, c: GemmaConfig, expert: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """x [B, T, D] -> q [B, T, N, H], k and v [B, T, K, H]."""
+    def _qkv(
+        self, x: jax.Array, c: GemmaConfig, expert: int, x_q: jax.Array
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [B, T, D] -> k and v [B, T, K, H]; x_q [B, T_q, D] (x or rows of it) -> q [B, T_q, N, H]."""
         q_name, kv_name = _name("q_einsum", expert), _name("kv_einsum", expert)
         q_shape, kv_shape = (c.num_heads, c.width, c.head_dim), (2, c.num_kv_heads, c.width, c.head_dim)
         if not self.d_first:
-            q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x)
+            q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x_q)
             k, v = Einsum(kv_shape, _KV_INIT, name=kv_name)("BTD,CKDH->CBTKH", x)
             return q, k, v
         q = Projection(
@@ -353,7 +357,7 @@ class Attention(nn.Module):
             _moved_init(_Q_INIT, q_shape, axis=1),
             self.kernels,
             name=q_name,
-        )(x)
+        )(x_q)
         kv = Projection(
             (c.width, 2, c.num_kv_heads, c.head_dim),
             _moved_init(_KV_INIT, kv_shape, axis=2),
@@ -364,19 +368,23 @@ class Attention(nn.Module):
         return q, k, v
 
     @nn.compact
-    def __call__(self, xs, positions, mask, kv_cache, write_idx=None):
+    def __call__(self, xs, positions, mask, kv_cache, write_idx=None, query_rows=None):
         cfg = self.configs[0]
         dtype = next(x.dtype for x in xs if x is not None)
+        q_positions = positions
+        if query_rows is not None:
+            assert sum(x is not None for x in xs) == 1, "query_rows: one expert's tokens only"
+            q_positions, mask = take_rows(positions, query_rows), take_rows(mask, query_rows)
         qs, ks, vs = [], [], []
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
             if x is not None:
-                q, k, v = self._qkv(x, c, i)
+                q, k, v = self._qkv(x, c, i, x if query_rows is None else take_rows(x, query_rows))
                 qs.append(q)
                 ks.append(k)
                 vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
 
-        q = apply_rope(q, positions) * cfg.head_dim**-0.5
+        q = apply_rope(q, q_positions) * cfg.head_dim**-0.5
         k_new = apply_rope(k_new, positions)
         if kv_cache is None:
             blocks = [(k_new, v_new)]
@@ -402,9 +410,15 @@ class Attention(nn.Module):
                 in_dims=2,
                 name=_name("attn_vec_einsum", i),
             )
-            out.append(o_proj(encoded[:, start : start + x.shape[1]]))
-            start += x.shape[1]
+            length = x.shape[1] if query_rows is None else 1
+            out.append(o_proj(encoded[:, start : start + length]))
+            start += length
         return out, (k_new, v_new)
+
+
+def take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """x [B, T, ...] at token rows[b] of each row -> [B, 1, ...]."""
+    return jnp.take_along_axis(x, rows.reshape(-1, *(1,) * (x.ndim - 1)), axis=1)
 
 
 def _gated_residual(x, y, gate):
@@ -419,15 +433,16 @@ def _norm_cond(cond, which: int):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer layer shared by all experts (d_first: see `Attention`). adarms_cond per expert:
-    None, the condition, or the (pre-attention, pre-MLP) norms' `Modulated` (`AdaRMS.layer`)."""
+    """Pre-norm transformer layer shared by all experts (d_first, query_rows: see `Attention`; with
+    query_rows the outputs are the queried rows'). adarms_cond per expert: None, the condition, or the
+    (pre-attention, pre-MLP) norms' `Modulated` (`AdaRMS.layer`)."""
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
     d_first: bool
 
     @nn.compact
-    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx):
+    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx, query_rows=None):
         normed, gates = [], []
         for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
             norm = RMSNorm(name=_name("pre_attention_norm", i))
@@ -435,8 +450,11 @@ class Block(nn.Module):
             normed.append(n)
             gates.append(g)
         attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, name="attn")(
-            normed, positions, mask, kv_cache, write_idx
+            normed, positions, mask, kv_cache, write_idx, query_rows
         )
+        if query_rows is not None:  # the residual stream goes on for the queried rows only
+            assert not any(g is not None for g in gates), "query_rows: no adaRMS"
+            xs = [None if x is None else take_rows(x, query_rows) for x in xs]
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
 
         ffn_out, gates = [], []
@@ -510,6 +528,7 @@ class Transformer(nn.Module):
         adarms_cond: Sequence[jax.Array | None] | None = None,
         kv_cache: tuple | None = None,
         write_idx: jax.Array | None = None,
+        last_layer_rows: jax.Array | None = None,
     ) -> tuple[list[jax.Array | None], tuple]:
         """Every expert's tokens through the stack and its final norm.
 
@@ -517,6 +536,9 @@ class Transformer(nn.Module):
         adarms_cond: per expert None, the adaRMS condition, or (unscanned) its `AdaRMS` computed ahead;
         kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
         [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
+        last_layer_rows [B] (one expert's tokens, no adaRMS): outputs only for token last_layer_rows[b] of
+        each row ([B, 1, D]); unscanned, the last layer computes its attention and MLP for that token only
+        (its keys/values for all).
         Returns (final-normed outputs per expert, (k, v)): per layer the new tokens' [B, T, K, H], or
         with write_idx the updated cache; a [depth, ...] array when scanned, else a per-layer tuple.
         """
@@ -526,12 +548,15 @@ class Transformer(nn.Module):
         if self.scan:
             cache = None if kv_cache is None else tuple(stack_layers(c) for c in kv_cache)
             xs, new_kv = self.layers(xs, cache, positions, mask, adarms_cond, write_idx)
+            if last_layer_rows is not None:
+                xs = [None if x is None else take_rows(x, last_layer_rows) for x in xs]
         else:
             per_layer = []
             for i, layer in enumerate(self.layers):
                 layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
                 layer_cond = [c.layer(i) if isinstance(c, AdaRMS) else c for c in adarms_cond]
-                xs, kv = layer(xs, layer_cache, positions, mask, layer_cond, write_idx)
+                rows = last_layer_rows if i == len(self.layers) - 1 else None
+                xs, kv = layer(xs, layer_cache, positions, mask, layer_cond, write_idx, rows)
                 per_layer.append(kv)
             new_kv = tuple(zip(*per_layer, strict=True))
         normed = [

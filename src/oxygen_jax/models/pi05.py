@@ -138,19 +138,32 @@ class Pi05(nn.Module):
         return jnp.concatenate(tokens, axis=1), jnp.concatenate(masks, axis=1).astype(bool), ar_mask
 
     def prefix_forward(self, obs: Observation, skip_cameras: tuple[str, ...] = ()):
+        return self._prefix(obs, skip_cameras, full_hidden=True)
+
+    def prefill(self, obs: Observation, skip_cameras: tuple[str, ...] = ()) -> PrefixCache:
+        return self._prefix(obs, skip_cameras, full_hidden=False)[0]
+
+    def _prefix(self, obs: Observation, skip_cameras: tuple[str, ...], full_hidden: bool):
+        """(cache, final-normed hidden [B, P, D] or, without full_hidden, None: then the last layer's
+        attention and MLP run for the last valid column only, whose hidden `last_hidden` is)."""
         tokens, mask, ar_mask = self.embed_prefix(obs, skip_cameras)
         positions = jnp.cumsum(mask, axis=1) - 1
-        (hidden, _), (k, v) = self.PaliGemma.llm([tokens, None], positions, make_attn_mask(mask, ar_mask))
-        last = jnp.take_along_axis(hidden, last_valid_index(mask)[:, None, None], axis=1)[:, 0]
+        last = last_valid_index(mask)
+        (hidden, _), (k, v) = self.PaliGemma.llm(
+            [tokens, None],
+            positions,
+            make_attn_mask(mask, ar_mask),
+            last_layer_rows=None if full_hidden else last,
+        )
         cache = PrefixCache(
             k=gemma.stack_layers(k),
             v=gemma.stack_layers(v),
             mask=mask,
             positions=positions,
             length=mask.sum(axis=1),
-            last_hidden=last,
+            last_hidden=gemma.take_rows(hidden, last if full_hidden else jnp.zeros_like(last))[:, 0],
         )
-        return cache, hidden
+        return cache, hidden if full_hidden else None
 
     def time_condition(self, time: jax.Array) -> jax.Array:
         cond = posemb_sincos(time, self.config.action_expert.width, min_period=4e-3, max_period=4.0)
@@ -314,7 +327,9 @@ def prefix_forward(
 def prefill(
     params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()
 ) -> PrefixCache:
-    return prefix_forward(params, config, obs, skip_cameras)[0]
+    """The prefix pass for its cache only: the last layer runs its attention and MLP for the last valid
+    column alone (`last_hidden`'s), its keys/values for every column."""
+    return _apply(params, config, Pi05.prefill, obs, skip_cameras)
 
 
 def posemb_sincos(t: jax.Array, width: int, min_period: float, max_period: float) -> jax.Array:
