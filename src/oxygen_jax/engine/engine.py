@@ -42,15 +42,23 @@ class Engine:
         """kernel_policy: how the large dots run (default: the one for this backend and its cores).
 
         The engine runs the layers one by one over per-layer params (`pi05.runtime_layout`): a layer
-        sliced out of openpi's stacked weights would be copied before every use.
+        sliced out of openpi's stacked weights would be copied before every use; without a mesh, with
+        each layer's q/kv weights fused (`pi05.fused_layout`).
         mesh: a ("data", "model") mesh (`engine/mesh.py`) to shard over; None runs on the default device.
         """
         kernel_policy = kernel_policy or kernels.for_backend()
-        self.config = dataclasses.replace(config, kernels=kernel_policy, scan_layers=False)
+        # q, k and v as one projection on one device; a mesh keeps them apart, so its model axis splits
+        # the q heads (sharding the fused weight would cut across q, k and v).
+        fused_qkv = mesh is None
+        self.config = dataclasses.replace(
+            config, kernels=kernel_policy, scan_layers=False, fused_qkv=fused_qkv
+        )
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
         self.mesh = mesh
         params = pi05.runtime_layout(pi05.cast_params(params, config.dtype))
+        if fused_qkv:
+            params = pi05.fused_layout(params)
         self.params = jax.device_put(params, mesh and mesh_lib.param_shardings(params, mesh))
         self.stats = EngineStats()
         # With a mesh, observation rows are placed over its data axis on the way in and σ̂ keeps its slots

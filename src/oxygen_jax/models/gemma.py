@@ -27,8 +27,11 @@ steps before its loop (`adarms_modulations`, an `AdaRMS` per step) and the norms
   openpi's [N, D, H], [2, K, D, H]). A layer sliced out of a stacked weight inside a loop is copied
   before the dot reads it, and with D between the output dims XLA:CPU copies the q/kv weights
   transposed on every call; per layer and D-first, each projection is one matmul over the weight as
-  stored, which halves what a decode step moves.
-`runtime_layers` converts openpi's stacked layers to the runtime layout.
+  stored, which halves what a decode step moves. With `fused_qkv` (the engine on one device) each
+  expert's q and kv weights are one `qkv_einsum` [D, N + 2K, H] (q heads, then k, then v): one
+  projection instead of two.
+`runtime_layers` converts openpi's stacked layers to the runtime layout, `fused_layers` that to the fused
+one.
 """
 
 import dataclasses
@@ -326,6 +329,23 @@ _Q_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
 _KV_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
 
 
+def fuse_qkv(q: jax.Array, kv: jax.Array) -> jax.Array:
+    """Runtime-layout q [D, N, H] and kv [D, 2, K, H] -> the fused weight [D, N + 2K, H]: q, k, v."""
+    return jnp.concatenate([q, kv.reshape(kv.shape[0], -1, kv.shape[-1])], axis=1)
+
+
+def _fused_init(q_shape: tuple[int, ...], kv_shape: tuple[int, ...]):
+    """q and kv drawn as openpi draws them (from two keys), fused D-first."""
+
+    def init(key, shape, dtype=jnp.float32):
+        q_key, kv_key = jax.random.split(key)
+        q = _moved_init(_Q_INIT, q_shape, axis=1)(q_key, (q_shape[1], q_shape[0], q_shape[2]), dtype)
+        kv_moved = (kv_shape[2], kv_shape[0], kv_shape[1], kv_shape[3])
+        return fuse_qkv(q, _moved_init(_KV_INIT, kv_shape, axis=2)(kv_key, kv_moved, dtype))
+
+    return init
+
+
 class Attention(nn.Module):
     """Joint MQA over all experts' tokens.
 
@@ -335,19 +355,31 @@ class Attention(nn.Module):
     order lets XLA update a decode buffer in place; a read before the write would force a copy.
     With `query_rows` [B] (one expert's tokens only): keys/values for every token, but queries (and the
     output, [B, 1, D]) only for token query_rows[b] of each row.
-    d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's.
+    d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's; fused_qkv (with
+    d_first): one `qkv_einsum` weight [D, N + 2K, H] per expert, one projection for q, k and v.
     """
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
     d_first: bool
+    fused_qkv: bool = False
 
     def _qkv(
-        self, x: jax.Array, c: GemmaConfig, expert: int, x_q: jax.Array
+        self, x: jax.Array, c: GemmaConfig, expert: int, query_rows: jax.Array | None
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """x [B, T, D] -> k and v [B, T, K, H]; x_q [B, T_q, D] (x or rows of it) -> q [B, T_q, N, H]."""
+        """x [B, T, D] -> q [B, T, N, H] (T = 1 with query_rows: see the class), k and v [B, T, K, H]."""
         q_name, kv_name = _name("q_einsum", expert), _name("kv_einsum", expert)
         q_shape, kv_shape = (c.num_heads, c.width, c.head_dim), (2, c.num_kv_heads, c.width, c.head_dim)
+        x_q = x if query_rows is None else take_rows(x, query_rows)
+        if self.fused_qkv:  # q for every token, then the rows kept: one projection is the point
+            qkv = Projection(
+                (c.width, c.num_heads + 2 * c.num_kv_heads, c.head_dim),
+                _fused_init(q_shape, kv_shape),
+                self.kernels,
+                name=_name("qkv_einsum", expert),
+            )(x)
+            q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
+            return (q if query_rows is None else take_rows(q, query_rows)), k, v
         if not self.d_first:
             q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x_q)
             k, v = Einsum(kv_shape, _KV_INIT, name=kv_name)("BTD,CKDH->CBTKH", x)
@@ -378,7 +410,7 @@ class Attention(nn.Module):
         qs, ks, vs = [], [], []
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
             if x is not None:
-                q, k, v = self._qkv(x, c, i, x if query_rows is None else take_rows(x, query_rows))
+                q, k, v = self._qkv(x, c, i, query_rows)
                 qs.append(q)
                 ks.append(k)
                 vs.append(v)
@@ -440,6 +472,7 @@ class Block(nn.Module):
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
     d_first: bool
+    fused_qkv: bool = False
 
     @nn.compact
     def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx, query_rows=None):
@@ -449,7 +482,7 @@ class Block(nn.Module):
             n, g = norm(x, _norm_cond(cond, 0)) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
-        attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, name="attn")(
+        attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, self.fused_qkv, name="attn")(
             normed, positions, mask, kv_cache, write_idx, query_rows
         )
         if query_rows is not None:  # the residual stream goes on for the queried rows only
@@ -502,6 +535,7 @@ class Transformer(nn.Module):
     dtype: str
     kernels: Kernels
     scan: bool = True
+    fused_qkv: bool = False
 
     def setup(self):
         self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
@@ -516,7 +550,8 @@ class Transformer(nn.Module):
             )(self.configs, self.kernels, d_first=False)
         else:
             self.layers = [
-                Block(self.configs, self.kernels, d_first=True, name=layer_name(i)) for i in range(depth)
+                Block(self.configs, self.kernels, d_first=True, fused_qkv=self.fused_qkv, name=layer_name(i))
+                for i in range(depth)
             ]
         self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
 
@@ -596,3 +631,23 @@ def runtime_layers(layers: dict) -> dict[str, dict]:
         return jax.tree_util.tree_map_with_path(convert, layers)
 
     return {layer_name(i): layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0])}
+
+
+def fused_layers(llm: dict) -> dict:
+    """The runtime layout's per-layer trees in `llm` with each expert's q and kv weights fused into one
+    `qkv_einsum` (`fuse_qkv`), the layout `Transformer(fused_qkv=True)` runs; other entries as they are."""
+
+    def fuse(attn: dict) -> dict:
+        fused = {}
+        for name, value in attn.items():
+            base = re.sub(r"_\d+$", "", name)
+            suffix = name[len(base) :]
+            if base == "q_einsum":
+                fused[f"qkv_einsum{suffix}"] = {"w": fuse_qkv(value["w"], attn[f"kv_einsum{suffix}"]["w"])}
+            elif base != "kv_einsum":
+                fused[name] = value
+        return fused
+
+    return {
+        k: {**v, "attn": fuse(v["attn"])} if re.fullmatch(r"layers_\d+", k) else v for k, v in llm.items()
+    }

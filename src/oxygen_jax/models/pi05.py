@@ -39,6 +39,9 @@ class Pi05Config:
     # True: layers stacked over depth and scanned (openpi's param tree, as checkpoints store it); False:
     # one param tree per layer run as a loop (`runtime_layout`, which the engine uses).
     scan_layers: bool = True
+    # With scan_layers=False: each layer's q and kv weights fused into one `qkv_einsum` [D, N + 2K, H], one
+    # projection instead of two (`fused_layout`; the engine's choice without a model-parallel mesh).
+    fused_qkv: bool = False
     # > 0: trained with up to this many leading actions of the chunk given clean (flow time 0 on their
     # tokens, `training/loss.py`), so real-time chunking conditions on the actions the robot executes
     # meanwhile instead of guiding towards them (`engine/guidance.py`).
@@ -99,7 +102,9 @@ class _PaliGemma(nn.Module):
     def setup(self):
         c = self.config
         experts = (c.paligemma, c.action_expert)
-        self.llm = gemma.Transformer(experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers)
+        self.llm = gemma.Transformer(
+            experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers, fused_qkv=c.fused_qkv
+        )
         self.img = siglip.Siglip(c.vision, c.paligemma.width, c.dtype)
 
 
@@ -240,7 +245,7 @@ def _init(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
 def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
     """One layer as the unscanned `gemma.Transformer` holds it."""
     pg, ae = config.paligemma, config.action_expert
-    block = gemma.Block((pg, ae), config.kernels, d_first=True)
+    block = gemma.Block((pg, ae), config.kernels, d_first=True, fused_qkv=config.fused_qkv)
     xs = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
     positions, mask, cond = (
         jnp.zeros((1, 2), jnp.int32),
@@ -292,6 +297,13 @@ def runtime_layout(params: dict) -> dict:
         return params
     llm = {k: v for k, v in llm.items() if k != "layers"} | gemma.runtime_layers(llm["layers"])
     return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
+
+
+def fused_layout(params: dict) -> dict:
+    """The runtime layout (`runtime_layout`) with each layer's q and kv weights fused (`gemma.fused_layers`),
+    which `scan_layers=False, fused_qkv=True` runs. A tree already fused passes through."""
+    llm = params["PaliGemma"]["llm"]
+    return {**params, "PaliGemma": {**params["PaliGemma"], "llm": gemma.fused_layers(llm)}}
 
 
 def make_attn_mask(input_mask: jax.Array, ar_mask: jax.Array) -> jax.Array:
@@ -355,7 +367,7 @@ def predict_velocity(
 
 
 def flow_times(num_steps: int) -> np.ndarray:
-    """The flow times [num_steps'] of openpi's Euler loop, replayed on the host in float32 (`time = 1;
+    """The flow times [num_steps] of openpi's Euler loop, replayed on the host in float32 (`time = 1;
     while time >= -dt / 2: ...; time += dt` with dt = float32(-1 / num_steps)), so a loop of compile-time
     length steps through exactly openpi's times."""
     dt = flow_dt(num_steps)
@@ -367,6 +379,7 @@ def flow_times(num_steps: int) -> np.ndarray:
 
 
 def flow_dt(num_steps: int) -> np.float32:
+    """openpi's Euler step, -1 / num_steps in float32."""
     return np.float32(-1.0) / np.float32(num_steps)
 
 
@@ -395,7 +408,7 @@ def denoise(
     compile-time length with the conditioning computed before it. Traced: openpi's while loop on the float
     time, one program for every step count, the conditioning computed in every step.
     """
-    if not isinstance(num_steps, int):
+    if not isinstance(num_steps, int | np.integer):
         return _denoise_traced(params, config, cache, noise, num_steps)
 
     def step_velocity(x_t, _time, condition):
