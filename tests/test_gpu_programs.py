@@ -19,8 +19,13 @@ _WHILE = re.compile(r"stablehlo\.while\(.*?\n\s*cond \{\n(.*?)\n\s*\} do \{", re
 
 
 def _config(tiny_config, **policy) -> pi05.Pi05Config:
+    """The engine's config on one GPU: runtime layout, q/k/v fused."""
     return dataclasses.replace(
-        tiny_config, kernels=dataclasses.replace(GPU_POLICY, **policy), scan_layers=False, max_clean_prefix=4
+        tiny_config,
+        kernels=dataclasses.replace(GPU_POLICY, **policy),
+        scan_layers=False,
+        fused_qkv=True,
+        max_clean_prefix=4,
     )
 
 
