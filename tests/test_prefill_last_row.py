@@ -13,10 +13,19 @@ from oxygen_jax.engine import kernels
 from oxygen_jax.models import pi05
 
 
-@pytest.mark.parametrize("scan_layers", [False, True])
-def test_prefill_cache_equals_the_full_prefix_pass(golden_params, tiny_config, golden_obs, scan_layers):
-    config = dataclasses.replace(tiny_config, scan_layers=scan_layers, kernels=kernels.for_backend())
-    params = golden_params if scan_layers else pi05.runtime_layout(golden_params)
+@pytest.mark.parametrize("layout", ["openpi", "runtime", "fused"])
+def test_prefill_cache_equals_the_full_prefix_pass(golden_params, tiny_config, golden_obs, layout):
+    config = dataclasses.replace(
+        tiny_config,
+        scan_layers=layout == "openpi",
+        fused_qkv=layout == "fused",
+        kernels=kernels.for_backend(),
+    )
+    params = {
+        "openpi": lambda p: p,
+        "runtime": pi05.runtime_layout,
+        "fused": lambda p: pi05.fused_layout(pi05.runtime_layout(p)),
+    }[layout](golden_params)
     full, hidden = jax.jit(pi05.prefix_forward, static_argnums=1)(params, config, golden_obs)
     cache = jax.jit(pi05.prefill, static_argnums=1)(params, config, golden_obs)
     assert len(set(np.asarray(cache.length))) > 1  # rows with different last valid columns

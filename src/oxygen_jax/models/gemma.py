@@ -370,7 +370,6 @@ class Attention(nn.Module):
         """x [B, T, D] -> q [B, T, N, H] (T = 1 with query_rows: see the class), k and v [B, T, K, H]."""
         q_name, kv_name = _name("q_einsum", expert), _name("kv_einsum", expert)
         q_shape, kv_shape = (c.num_heads, c.width, c.head_dim), (2, c.num_kv_heads, c.width, c.head_dim)
-        x_q = x if query_rows is None else take_rows(x, query_rows)
         if self.fused_qkv:  # q for every token, then the rows kept: one projection is the point
             qkv = Projection(
                 (c.width, c.num_heads + 2 * c.num_kv_heads, c.head_dim),
@@ -380,6 +379,7 @@ class Attention(nn.Module):
             )(x)
             q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
             return (q if query_rows is None else take_rows(q, query_rows)), k, v
+        x_q = x if query_rows is None else take_rows(x, query_rows)
         if not self.d_first:
             q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x_q)
             k, v = Einsum(kv_shape, _KV_INIT, name=kv_name)("BTD,CKDH->CBTKH", x)
