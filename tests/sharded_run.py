@@ -53,8 +53,13 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
         "state_tokens_spec": spec(state.tokens),
         "state_keys_spec": spec(state.keys),
         "cache_k_spec": spec(cache.k),
-        "q_spec": spec(engine.params["PaliGemma"]["llm"]["layers_0"]["attn"]["q_einsum"]["w"]),
+        "q_spec": spec(_q_weight(engine.params["PaliGemma"]["llm"]["layers_0"]["attn"])),
     }
+
+
+def _q_weight(attn: dict) -> jax.Array:
+    """Expert 0's q weight; on one device the engine fuses q, k and v into `qkv_einsum`."""
+    return attn["q_einsum"]["w"] if "q_einsum" in attn else attn["qkv_einsum"]["w"]
 
 
 def guidance_rows(noise: np.ndarray) -> list[ChunkGuidance | None]:

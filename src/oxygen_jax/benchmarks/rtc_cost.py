@@ -108,7 +108,7 @@ def measure_batch(engine: Engine, batch: int, setting: Setting) -> dict:
     )
     columns = api.guidance_columns(guided_rows, *noise.shape)
     rows_in = guidance.Guidance(**{k: jnp.asarray(v) for k, v in columns.items()})
-    conditioned = jax.jit(guidance.conditioned_denoise, static_argnames="config")
+    conditioned = jax.jit(guidance.conditioned_denoise, static_argnames=("config", "num_steps"))
     calls = {
         "plain": lambda: engine.denoise(cache, noise, setting.num_steps),
         "guided": lambda: engine.denoise(cache, noise, setting.num_steps, guided_rows),

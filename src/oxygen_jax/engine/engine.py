@@ -42,15 +42,23 @@ class Engine:
         """kernel_policy: how the large dots run (default: the one for this backend and its cores).
 
         The engine runs the layers one by one over per-layer params (`pi05.runtime_layout`): a layer
-        sliced out of openpi's stacked weights would be copied before every use.
+        sliced out of openpi's stacked weights would be copied before every use; without a mesh, with
+        each layer's q/kv weights fused (`pi05.fused_layout`).
         mesh: a ("data", "model") mesh (`engine/mesh.py`) to shard over; None runs on the default device.
         """
         kernel_policy = kernel_policy or kernels.for_backend()
-        self.config = dataclasses.replace(config, kernels=kernel_policy, scan_layers=False)
+        # q, k and v as one projection on one device; a mesh keeps them apart, so its model axis splits
+        # the q heads (sharding the fused weight would cut across q, k and v).
+        fused_qkv = mesh is None
+        self.config = dataclasses.replace(
+            config, kernels=kernel_policy, scan_layers=False, fused_qkv=fused_qkv
+        )
         self.eos_id = eos_id
         self.skip_masked_cameras = skip_masked_cameras
         self.mesh = mesh
         params = pi05.runtime_layout(pi05.cast_params(params, config.dtype))
+        if fused_qkv:
+            params = pi05.fused_layout(params)
         self.params = jax.device_put(params, mesh and mesh_lib.param_shardings(params, mesh))
         self.stats = EngineStats()
         # With a mesh, observation rows are placed over its data axis on the way in and σ̂ keeps its slots
@@ -59,9 +67,11 @@ class Engine:
         # Entry points are called with keywords: a signature change cannot shift which argument is
         # static or donated.
         self._prefill = jax.jit(pi05.prefill, static_argnames=("config", "skip_cameras"))
-        self._denoise = jax.jit(pi05.denoise, static_argnames="config")
-        self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames="config")
-        self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames="config")
+        # num_steps static: the flow loop's trip count is a compile-time constant (one program per count).
+        denoise_static = ("config", "num_steps")
+        self._denoise = jax.jit(pi05.denoise, static_argnames=denoise_static)
+        self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames=denoise_static)
+        self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames=denoise_static)
         self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
         self._score = jax.jit(language.score, static_argnames="config")
         self._init_state = (
@@ -134,9 +144,9 @@ class Engine:
         if self.config.max_clean_prefix:
             program, active = self._conditioned_denoise, columns["frozen"]
         if not active.any():
-            return self._denoise(**inputs, num_steps=num_steps)
+            return self._denoise(**inputs, num_steps=int(num_steps))
         rows = self._place_rows({k: jnp.asarray(v) for k, v in columns.items()})
-        return program(**inputs, num_steps=num_steps, guidance=guidance_lib.Guidance(**rows))
+        return program(**inputs, num_steps=int(num_steps), guidance=guidance_lib.Guidance(**rows))
 
     def noise(self, rng: jax.Array, batch: int) -> jax.Array:
         return jax.random.normal(rng, (batch, self.config.action_horizon, self.config.action_dim))

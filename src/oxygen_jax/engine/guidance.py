@@ -95,21 +95,23 @@ def guided_denoise(
     config: pi05.Pi05Config,
     cache: pi05.PrefixCache,
     noise: jax.Array,
-    num_steps: int | jax.Array,
+    num_steps: int,
     guidance: Guidance,
 ) -> jax.Array:
-    """`pi05.denoise` with every step's velocity guided towards `guidance.prev_chunk`; num_steps may be
-    traced. Actions [B, H, A]."""
+    """`pi05.denoise` with every step's velocity guided towards `guidance.prev_chunk` (num_steps static, the
+    conditioning computed before the loop). Actions [B, H, A]."""
 
-    def velocity(x, time):
-        return pi05.predict_velocity(params, config, cache, x, jnp.broadcast_to(time, x.shape[:1]))
-
-    def guided(x_t, time):
+    def guided(x_t, time, condition):
         return guided_velocity(
-            velocity, x_t, time, guidance.prev_chunk, guidance.weights, guidance.max_guidance_weight
+            lambda x, _time: pi05.velocity(params, config, cache, x, condition),
+            x_t,
+            time,
+            guidance.prev_chunk,
+            guidance.weights,
+            guidance.max_guidance_weight,
         )
 
-    return pi05.integrate_flow(guided, noise, num_steps)
+    return pi05.integrate_flow(guided, noise, num_steps, _conditions(params, config), config.kernels)
 
 
 def conditioned_denoise(
@@ -117,19 +119,26 @@ def conditioned_denoise(
     config: pi05.Pi05Config,
     cache: pi05.PrefixCache,
     noise: jax.Array,
-    num_steps: int | jax.Array,
+    num_steps: int,
     guidance: Guidance,
 ) -> jax.Array:
     """`pi05.denoise` for a model trained with a clean prefix: every step sees each row's frozen actions as
     `guidance.prev_chunk` has them, at time 0, and the other actions at the step's time; the chunk returned
     keeps the frozen actions exactly. Rows freeze at most `config.max_clean_prefix` actions (what training
     covered; a longer delay conditions on that many). A row with none frozen gets the plain actions, to
-    float32 rounding (its time embedding is computed per token). Actions [B, H, A]."""
+    float32 rounding (its conditioning is taken per token). num_steps static; the conditioning at the
+    steps' times and at time 0 is computed before the loop. Actions [B, H, A]."""
     frozen = guidance.frozen & (jnp.arange(config.action_horizon) < config.max_clean_prefix)
+    at_zero = jax.tree.map(lambda c: c[0], pi05.flow_conditions(params, config, jnp.zeros(1, jnp.float32)))
 
-    def conditioned(x_t, time):
+    def conditioned(x_t, _time, condition):
         x_in = jnp.where(frozen[..., None], guidance.prev_chunk, x_t)
-        return pi05.predict_velocity(params, config, cache, x_in, jnp.where(frozen, 0.0, time))
+        per_token = jax.tree.map(lambda zero, c: jnp.where(frozen[..., None], zero, c), at_zero, condition)
+        return pi05.velocity(params, config, cache, x_in, per_token)
 
-    x_0 = pi05.integrate_flow(conditioned, noise, num_steps)
+    x_0 = pi05.integrate_flow(conditioned, noise, num_steps, _conditions(params, config), config.kernels)
     return jnp.where(frozen[..., None], guidance.prev_chunk, x_0)
+
+
+def _conditions(params: dict, config: pi05.Pi05Config):
+    return lambda times: pi05.flow_conditions(params, config, times)

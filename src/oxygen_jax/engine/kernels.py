@@ -11,6 +11,11 @@ What the policy changes, and why:
   contraction (as many as the cores divide), summed after; the weight is only viewed, not copied.
 - The GeGLU's two input weights [2, D, F] run as one dot batched over the pair: slicing them, or a dot
   contracting their middle dim, would copy the weights on every call.
+- Attention (`attention_impl`): "blocks" keeps the prefix cache and the new tokens as two key blocks with one
+  softmax over both (`gemma.block_attention`; what guided denoising's vjp needs on CPU, where the
+  concatenation's slices and pads cost more than the attention); "concat" is openpi's one buffer and one
+  softmax (`gemma.concat_attention`), fewer and larger kernels on GPU; "cudnn" runs that buffer through
+  `jax.nn.dot_product_attention(implementation="cudnn")` (GPU only, half precision).
 - The batched decode step is a chain of small-M GEMMs, which XLA:CPU runs faster with Eigen's GEMM than
   with its default YNNPACK dots; the option is experimental, so it is used only where this XLA has it.
 """
@@ -19,9 +24,12 @@ import dataclasses
 import functools
 import math
 import os
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+
+from oxygen_jax.models import gemma
 
 _EIGEN_DOTS = (("xla_cpu_experimental_ynn_fusion_type", ""),)
 
@@ -31,11 +39,23 @@ class KernelPolicy:
     """Static execution choices for one backend (implements `gemma.Kernels`).
 
     matvec_split: cores a one-row matmul's contraction is spread over (1: a plain dot);
-    decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes).
+    decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes);
+    unroll_loops: the flow loop fully unrolled (one straight program, no loop at all), else a loop of
+    compile-time length (`pi05.integrate_flow`);
+    attention_impl: "blocks", "concat" or "cudnn", how `attention` runs (see the module docstring; not
+    named `attention`, which is the `gemma.Kernels` method).
     """
 
     matvec_split: int = 1
     decode_options: tuple[tuple[str, str], ...] = ()
+    unroll_loops: bool = False
+    attention_impl: str = "concat"
+
+    def __post_init__(self):
+        if self.attention_impl not in _ATTENTION:
+            raise ValueError(
+                f"attention_impl must be one of {sorted(_ATTENTION)}, got {self.attention_impl!r}"
+            )
 
     def _parts(self, rows: int, k: int) -> int:
         return math.gcd(k, self.matvec_split) if rows == 1 else 1
@@ -66,6 +86,28 @@ class KernelPolicy:
         )
         return logits.reshape(*hidden.shape[:-1], vocab)
 
+    def attention(
+        self, q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+    ) -> jax.Array:
+        """`gemma.Kernels.attention` by the policy's `attention_impl`."""
+        return _ATTENTION[self.attention_impl](q, k_blocks, v_blocks, mask)
+
+
+def cudnn_attention(
+    q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+) -> jax.Array:
+    """`gemma.Kernels.attention` by cuDNN's fused attention over the concatenated blocks. The mask goes in
+    as an additive bias of `gemma.MASKED_LOGIT` (as a boolean mask cuDNN would fill -inf, and a fully
+    masked row would not average the values as openpi's does); q is already scaled."""
+    k, v = (
+        jnp.concatenate(blocks, axis=1) if len(blocks) > 1 else blocks[0] for blocks in (k_blocks, v_blocks)
+    )
+    bias = jnp.where(mask, 0.0, gemma.MASKED_LOGIT).astype(q.dtype)[:, None]
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=1.0, implementation="cudnn")
+
+
+_ATTENTION = {"blocks": gemma.block_attention, "concat": gemma.concat_attention, "cudnn": cudnn_attention}
+
 
 def _cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -85,4 +127,6 @@ def for_backend(backend: str | None = None) -> KernelPolicy:
     """The policy for `backend` (default: JAX's default backend) on this process's cores."""
     if (backend or jax.default_backend()) != "cpu":
         return KernelPolicy()
-    return KernelPolicy(matvec_split=_cpu_threads(), decode_options=_supported(_EIGEN_DOTS))
+    return KernelPolicy(
+        matvec_split=_cpu_threads(), decode_options=_supported(_EIGEN_DOTS), attention_impl="blocks"
+    )

@@ -11,8 +11,13 @@ Einsum axes:
 
 Instead of openpi's "concatenate the cache inside attention and return it", every call returns only the
 new tokens' post-RoPE keys/values; callers decide where they go (a prefix cache, a slot of the decode
-batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` without
-materializing that concatenation: one softmax over both logit blocks, then one value product per block.
+batch state, or nowhere for denoising). Attention runs over `[cache columns | new tokens]` as key blocks
+through the `Kernels.attention` hook: `concat_attention` concatenates them into one buffer with one
+softmax, as openpi does (`PlainKernels`, and the engine on GPU); `block_attention` never materializes the
+concatenation: one softmax over both logit blocks, then one value product per block (the engine on CPU).
+
+The action expert's adaRMS modulations depend only on the flow time: denoising computes them for all
+steps before its loop (`adarms_modulations`, an `AdaRMS` per step) and the norms take them ready-made.
 
 `Transformer` owns the layer stack in one of two param layouts (its `scan` switch):
 - scan=True, openpi's layout: every layer weight stacked over depth (`layers/...` [depth, ...]) and the
@@ -22,8 +27,11 @@ materializing that concatenation: one softmax over both logit blocks, then one v
   openpi's [N, D, H], [2, K, D, H]). A layer sliced out of a stacked weight inside a loop is copied
   before the dot reads it, and with D between the output dims XLA:CPU copies the q/kv weights
   transposed on every call; per layer and D-first, each projection is one matmul over the weight as
-  stored, which halves what a decode step moves.
-`runtime_layers` converts openpi's stacked layers to the runtime layout.
+  stored, which halves what a decode step moves. With `fused_qkv` (the engine on one device) each
+  expert's q and kv weights are one `qkv_einsum` [D, N + 2K, H] (q heads, then k, then v): one
+  projection instead of two.
+`runtime_layers` converts openpi's stacked layers to the runtime layout, `fused_layers` that to the fused
+one.
 """
 
 import dataclasses
@@ -33,6 +41,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -61,6 +70,9 @@ class Kernels(Protocol):
     """How the large dots run. The model is written against this hook; the engine passes a policy chosen
     for its backend (engine/kernels.py), and `PlainKernels` is the backend-neutral default."""
 
+    # True: the flow loop (`pi05.integrate_flow`) fully unrolled, else a loop of compile-time length.
+    unroll_loops: bool
+
     def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
         """x [..., K] @ w [K, N]."""
 
@@ -70,10 +82,19 @@ class Kernels(Protocol):
     def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
         """hidden [..., D] against the embedding table [V, D] -> float32 logits [..., V]."""
 
+    def attention(
+        self, q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+    ) -> jax.Array:
+        """Softmax attention of q [B, T, N, H] (RoPE applied, scaled by H**-0.5) over the key/value blocks
+        [B, S_i, K, H] taken as one sequence of columns, under mask [B, T, sum S_i] (False: the logit is
+        `MASKED_LOGIT`, so a fully masked row averages every value) -> [B, T, N, H] in q's dtype."""
+
 
 @dataclasses.dataclass(frozen=True)
 class PlainKernels:
     """Each dot as one einsum, as openpi writes it."""
+
+    unroll_loops: bool = False
 
     def matmul(self, x: jax.Array, w: jax.Array) -> jax.Array:
         return jnp.dot(x, w)
@@ -84,8 +105,54 @@ class PlainKernels:
     def tied_logits(self, hidden: jax.Array, table: jax.Array) -> jax.Array:
         return jnp.einsum("...D,VD->...V", hidden, table, preferred_element_type=jnp.float32)
 
+    def attention(
+        self, q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+    ) -> jax.Array:
+        return concat_attention(q, k_blocks, v_blocks, mask)
+
 
 PLAIN_KERNELS = PlainKernels()
+
+
+def concat_attention(
+    q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+) -> jax.Array:
+    """`Kernels.attention` as openpi computes it: the blocks concatenated into one K/V buffer, one float32
+    softmax over it."""
+    k, v = (
+        blocks[0] if len(blocks) == 1 else jnp.concatenate(blocks, axis=1) for blocks in (k_blocks, v_blocks)
+    )
+    batch, length, heads, head_dim = q.shape
+    q = q.reshape(batch, length, k.shape[2], heads // k.shape[2], head_dim)
+    logits = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, None], logits, MASKED_LOGIT), axis=-1).astype(q.dtype)
+    return jnp.einsum("BKGTS,BSKH->BTKGH", probs, v).reshape(batch, length, heads, head_dim)
+
+
+def block_attention(
+    q: jax.Array, k_blocks: Sequence[jax.Array], v_blocks: Sequence[jax.Array], mask: jax.Array
+) -> jax.Array:
+    """`Kernels.attention` over blocks never concatenated: one logit block per key block, one softmax over
+    all of them (`block_softmax.attend`), one value product per block. Under a vjp (guided denoising) a
+    concatenation turns into slices of the gradient and slices into pads; this has neither.
+
+    Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): each dot is one matmul batched
+    over (B, K) with every query row of a kv head together; with K == 1 the key/value transposes are free.
+    """
+    batch, length, heads, head_dim = q.shape
+    kv_heads = k_blocks[0].shape[2]
+    groups = heads // kv_heads
+    q = q.reshape(batch, length, kv_heads, groups, head_dim).transpose(0, 2, 3, 1, 4)
+    q = q.reshape(batch, kv_heads, groups * length, head_dim)
+    logits, start, shape = [], 0, (batch, kv_heads, groups, length, -1)
+    for k in k_blocks:
+        block = jnp.einsum("BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32)
+        block_mask = mask[:, None, None, :, start : start + k.shape[1]]
+        logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
+        start += k.shape[1]
+    encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for v in v_blocks])
+    encoded = encoded.reshape(batch, kv_heads, groups, length, head_dim).transpose(0, 3, 1, 2, 4)
+    return encoded.reshape(batch, length, heads, head_dim)
 
 
 class Projection(nn.Module):
@@ -106,9 +173,49 @@ class Projection(nn.Module):
         return y.reshape(*batch, *self.shape[self.in_dims :])
 
 
+@flax.struct.dataclass
+class Modulated:
+    """An adaRMS norm's (scale | shift | gate) [..., 3 * width], computed ahead of the norm from its
+    condition (`adarms_modulations`)."""
+
+    value: jax.Array
+
+
+@flax.struct.dataclass
+class AdaRMS:
+    """One expert's adaRMS modulations for every norm of the runtime layout, computed ahead of the layers
+    (`adarms_modulations`): attention[i] and ffw[i] are layer i's pre-attention and pre-MLP norms'."""
+
+    attention: tuple[jax.Array, ...]
+    ffw: tuple[jax.Array, ...]
+    final: jax.Array
+
+    def layer(self, i: int) -> tuple[Modulated, Modulated]:
+        return Modulated(self.attention[i]), Modulated(self.ffw[i])
+
+
+def adarms_modulations(llm: dict, cond: jax.Array, expert: int, dtype: str) -> AdaRMS:
+    """Every adaRMS norm's modulation of `expert` from cond [..., D_cond], over the runtime layout's `llm`
+    params: each norm's Dense applied once to all rows of cond (the flow steps' conditions, computed before
+    the loop instead of in every step), as `RMSNorm` would apply it to one row at a time."""
+
+    def modulate(norm: dict) -> jax.Array:
+        dense = norm["Dense_0"]
+        return nn.Dense(dense["kernel"].shape[-1], dtype=dtype).apply({"params": dense}, cond)
+
+    layers = [llm[layer_name(i)] for i in range(sum(k.startswith("layers_") for k in llm))]
+    return AdaRMS(
+        attention=tuple(modulate(layer[_name("pre_attention_norm", expert)]) for layer in layers),
+        ffw=tuple(modulate(layer[_name("pre_ffw_norm", expert)]) for layer in layers),
+        final=modulate(llm[_name("final_norm", expert)]),
+    )
+
+
 class RMSNorm(nn.Module):
     """RMSNorm with zero-centred scale; adaRMS (scale, shift, gate from `cond`) when cond is given.
 
+    cond: None, the condition [B, D_cond] (or [B, T, D_cond], one per token) from which the norm's Dense
+    computes the modulation, or that modulation computed ahead (`Modulated`).
     Normalization, scale and shift are computed in float32 and cast back to the input dtype.
     Returns (normed, gate); gate is None for plain RMSNorm.
 
@@ -117,15 +224,20 @@ class RMSNorm(nn.Module):
     """
 
     @nn.compact
-    def __call__(self, x: jax.Array, cond: jax.Array | None) -> tuple[jax.Array, jax.Array | None]:
+    def __call__(
+        self, x: jax.Array, cond: "jax.Array | Modulated | None"
+    ) -> tuple[jax.Array, jax.Array | None]:
         dtype = x.dtype
         var = jnp.mean(jnp.square(x.astype(jnp.float32)), axis=-1, keepdims=True)
         normed = x * jax.lax.rsqrt(var + _RMS_EPS)
         if cond is None:
             scale = self.param("scale", nn.initializers.zeros_init(), (x.shape[-1],))
             return (normed * (1 + scale)).astype(dtype), None
-        modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
-        if modulation.ndim == 2:  # one condition per row, else one per token
+        if isinstance(cond, Modulated):
+            modulation = cond.value
+        else:
+            modulation = nn.Dense(x.shape[-1] * 3, kernel_init=nn.initializers.zeros, dtype=dtype)(cond)
+        if modulation.ndim == 2:  # one condition per row, else one per token (or one for all rows)
             modulation = modulation[:, None, :]
         scale, shift, gate = jnp.split(modulation, 3, axis=-1)
         return (normed * (1 + scale) + shift).astype(dtype), gate
@@ -217,6 +329,23 @@ _Q_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0,))
 _KV_INIT = nn.initializers.lecun_normal(in_axis=-2, out_axis=-1, batch_axis=(0, 1))
 
 
+def fuse_qkv(q: jax.Array, kv: jax.Array) -> jax.Array:
+    """Runtime-layout q [D, N, H] and kv [D, 2, K, H] -> the fused weight [D, N + 2K, H]: q, k, v."""
+    return jnp.concatenate([q, kv.reshape(kv.shape[0], -1, kv.shape[-1])], axis=1)
+
+
+def _fused_init(q_shape: tuple[int, ...], kv_shape: tuple[int, ...]):
+    """q and kv drawn as openpi draws them (from two keys), fused D-first."""
+
+    def init(key, shape, dtype=jnp.float32):
+        q_key, kv_key = jax.random.split(key)
+        q = _moved_init(_Q_INIT, q_shape, axis=1)(q_key, (q_shape[1], q_shape[0], q_shape[2]), dtype)
+        kv_moved = (kv_shape[2], kv_shape[0], kv_shape[1], kv_shape[3])
+        return fuse_qkv(q, _moved_init(_KV_INIT, kv_shape, axis=2)(kv_key, kv_moved, dtype))
+
+    return init
+
+
 class Attention(nn.Module):
     """Joint MQA over all experts' tokens.
 
@@ -224,19 +353,35 @@ class Attention(nn.Module):
     new tokens' (k, v). With `write_idx` [B]: writes the new tokens into the cache at those columns
     first, attends the updated cache under mask [B, T, S_cache] and returns it. The write-then-read
     order lets XLA update a decode buffer in place; a read before the write would force a copy.
-    d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's.
+    With `query_rows` [B] (one expert's tokens only): keys/values for every token, but queries (and the
+    output, [B, 1, D]) only for token query_rows[b] of each row.
+    d_first: q/kv weights in the runtime layout (see the module docstring), else openpi's; fused_qkv (with
+    d_first): one `qkv_einsum` weight [D, N + 2K, H] per expert, one projection for q, k and v.
     """
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
     d_first: bool
+    fused_qkv: bool = False
 
-    def _qkv(self, x: jax.Array, c: GemmaConfig, expert: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """x [B, T, D] -> q [B, T, N, H], k and v [B, T, K, H]."""
+    def _qkv(
+        self, x: jax.Array, c: GemmaConfig, expert: int, query_rows: jax.Array | None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """x [B, T, D] -> q [B, T, N, H] (T = 1 with query_rows: see the class), k and v [B, T, K, H]."""
         q_name, kv_name = _name("q_einsum", expert), _name("kv_einsum", expert)
         q_shape, kv_shape = (c.num_heads, c.width, c.head_dim), (2, c.num_kv_heads, c.width, c.head_dim)
+        if self.fused_qkv:  # q for every token, then the rows kept: one projection is the point
+            qkv = Projection(
+                (c.width, c.num_heads + 2 * c.num_kv_heads, c.head_dim),
+                _fused_init(q_shape, kv_shape),
+                self.kernels,
+                name=_name("qkv_einsum", expert),
+            )(x)
+            q, k, v = jnp.split(qkv, [c.num_heads, c.num_heads + c.num_kv_heads], axis=2)
+            return (q if query_rows is None else take_rows(q, query_rows)), k, v
+        x_q = x if query_rows is None else take_rows(x, query_rows)
         if not self.d_first:
-            q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x)
+            q = Einsum(q_shape, _Q_INIT, name=q_name)("BTD,NDH->BTNH", x_q)
             k, v = Einsum(kv_shape, _KV_INIT, name=kv_name)("BTD,CKDH->CBTKH", x)
             return q, k, v
         q = Projection(
@@ -244,7 +389,7 @@ class Attention(nn.Module):
             _moved_init(_Q_INIT, q_shape, axis=1),
             self.kernels,
             name=q_name,
-        )(x)
+        )(x_q)
         kv = Projection(
             (c.width, 2, c.num_kv_heads, c.head_dim),
             _moved_init(_KV_INIT, kv_shape, axis=2),
@@ -255,19 +400,23 @@ class Attention(nn.Module):
         return q, k, v
 
     @nn.compact
-    def __call__(self, xs, positions, mask, kv_cache, write_idx=None):
+    def __call__(self, xs, positions, mask, kv_cache, write_idx=None, query_rows=None):
         cfg = self.configs[0]
         dtype = next(x.dtype for x in xs if x is not None)
+        q_positions = positions
+        if query_rows is not None:
+            assert sum(x is not None for x in xs) == 1, "query_rows: one expert's tokens only"
+            q_positions, mask = take_rows(positions, query_rows), take_rows(mask, query_rows)
         qs, ks, vs = [], [], []
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
             if x is not None:
-                q, k, v = self._qkv(x, c, i)
+                q, k, v = self._qkv(x, c, i, query_rows)
                 qs.append(q)
                 ks.append(k)
                 vs.append(v)
         q, k_new, v_new = (jnp.concatenate(t, axis=1) for t in (qs, ks, vs))
 
-        q = apply_rope(q, positions) * cfg.head_dim**-0.5
+        q = apply_rope(q, q_positions) * cfg.head_dim**-0.5
         k_new = apply_rope(k_new, positions)
         if kv_cache is None:
             blocks = [(k_new, v_new)]
@@ -279,28 +428,7 @@ class Attention(nn.Module):
             )
             blocks = [(k_new.astype(dtype), v_new.astype(dtype))]
 
-        # Batch dims first ([B, K, G*T, H] queries against [B, K, S, H] keys): each dot is one matmul
-        # batched over (B, K) with every query row of a kv head together; with K == 1 the key/value
-        # transposes are free.
-        batch, length = q.shape[:2]
-        groups = cfg.num_heads // cfg.num_kv_heads
-        q = q.reshape(batch, length, cfg.num_kv_heads, groups, cfg.head_dim).transpose(0, 2, 3, 1, 4)
-        q = q.reshape(batch, cfg.num_kv_heads, groups * length, cfg.head_dim)
-        # One logit block per key block, never concatenated: under a vjp (guided denoising) a concatenation
-        # turns into slices of the gradient and slices into pads.
-        logits, start, shape = [], 0, (batch, cfg.num_kv_heads, groups, length, -1)
-        for k, _ in blocks:
-            block = jnp.einsum(
-                "BKMH,BKSH->BKMS", q, k.transpose(0, 2, 1, 3), preferred_element_type=jnp.float32
-            )
-            block_mask = mask[:, None, None, :, start : start + k.shape[1]]
-            logits.append(jnp.where(block_mask, block.reshape(shape), MASKED_LOGIT).reshape(block.shape))
-            start += k.shape[1]
-        encoded = block_softmax.attend(logits, [v.transpose(0, 2, 1, 3) for _, v in blocks])
-        encoded = encoded.reshape(batch, cfg.num_kv_heads, groups, length, cfg.head_dim).transpose(
-            0, 3, 1, 2, 4
-        )
-        encoded = encoded.reshape(batch, length, cfg.num_heads, cfg.head_dim)
+        encoded = self.kernels.attention(q, [k for k, _ in blocks], [v for _, v in blocks], mask)
 
         out, start = [], 0
         for i, (x, c) in enumerate(zip(xs, self.configs, strict=True)):
@@ -314,9 +442,15 @@ class Attention(nn.Module):
                 in_dims=2,
                 name=_name("attn_vec_einsum", i),
             )
-            out.append(o_proj(encoded[:, start : start + x.shape[1]]))
-            start += x.shape[1]
+            length = x.shape[1] if query_rows is None else 1
+            out.append(o_proj(encoded[:, start : start + length]))
+            start += length
         return out, (k_new, v_new)
+
+
+def take_rows(x: jax.Array, rows: jax.Array) -> jax.Array:
+    """x [B, T, ...] at token rows[b] of each row -> [B, 1, ...]."""
+    return jnp.take_along_axis(x, rows.reshape(-1, *(1,) * (x.ndim - 1)), axis=1)
 
 
 def _gated_residual(x, y, gate):
@@ -325,23 +459,35 @@ def _gated_residual(x, y, gate):
     return x + y if gate is None else x + y * gate
 
 
+def _norm_cond(cond, which: int):
+    """A layer's adaRMS input for its norm `which` (0 pre-attention, 1 pre-MLP): see `Block`."""
+    return cond[which] if isinstance(cond, tuple) else cond
+
+
 class Block(nn.Module):
-    """Pre-norm transformer layer shared by all experts (d_first: see `Attention`)."""
+    """Pre-norm transformer layer shared by all experts (d_first, query_rows: see `Attention`; with
+    query_rows the outputs are the queried rows'). adarms_cond per expert: None, the condition, or the
+    (pre-attention, pre-MLP) norms' `Modulated` (`AdaRMS.layer`)."""
 
     configs: tuple[GemmaConfig, ...]
     kernels: Kernels
     d_first: bool
+    fused_qkv: bool = False
 
     @nn.compact
-    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx):
+    def __call__(self, xs, kv_cache, positions, mask, adarms_cond, write_idx, query_rows=None):
         normed, gates = [], []
         for i, (x, cond) in enumerate(zip(xs, adarms_cond, strict=True)):
-            n, g = RMSNorm(name=_name("pre_attention_norm", i))(x, cond) if x is not None else (None, None)
+            norm = RMSNorm(name=_name("pre_attention_norm", i))
+            n, g = norm(x, _norm_cond(cond, 0)) if x is not None else (None, None)
             normed.append(n)
             gates.append(g)
-        attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, name="attn")(
-            normed, positions, mask, kv_cache, write_idx
+        attn_out, new_kv = Attention(self.configs, self.kernels, self.d_first, self.fused_qkv, name="attn")(
+            normed, positions, mask, kv_cache, write_idx, query_rows
         )
+        if query_rows is not None:  # the residual stream goes on for the queried rows only
+            assert not any(g is not None for g in gates), "query_rows: no adaRMS"
+            xs = [None if x is None else take_rows(x, query_rows) for x in xs]
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, attn_out, gates, strict=True)]
 
         ffn_out, gates = [], []
@@ -350,7 +496,7 @@ class Block(nn.Module):
                 ffn_out.append(None)
                 gates.append(None)
                 continue
-            n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, cond)
+            n, g = RMSNorm(name=_name("pre_ffw_norm", i))(x, _norm_cond(cond, 1))
             ffn_out.append(FeedForward(c.width, c.mlp_dim, self.kernels, name=_name("mlp", i))(n))
             gates.append(g)
         xs = [_gated_residual(x, y, g) for x, y, g in zip(xs, ffn_out, gates, strict=True)]
@@ -389,6 +535,7 @@ class Transformer(nn.Module):
     dtype: str
     kernels: Kernels
     scan: bool = True
+    fused_qkv: bool = False
 
     def setup(self):
         self.embedder = Embedder(self.vocab_size, self.configs[0].width, name="embedder")
@@ -403,7 +550,8 @@ class Transformer(nn.Module):
             )(self.configs, self.kernels, d_first=False)
         else:
             self.layers = [
-                Block(self.configs, self.kernels, d_first=True, name=layer_name(i)) for i in range(depth)
+                Block(self.configs, self.kernels, d_first=True, fused_qkv=self.fused_qkv, name=layer_name(i))
+                for i in range(depth)
             ]
         self.final_norms = [RMSNorm(name=_name("final_norm", i)) for i in range(len(self.configs))]
 
@@ -415,12 +563,17 @@ class Transformer(nn.Module):
         adarms_cond: Sequence[jax.Array | None] | None = None,
         kv_cache: tuple | None = None,
         write_idx: jax.Array | None = None,
+        last_layer_rows: jax.Array | None = None,
     ) -> tuple[list[jax.Array | None], tuple]:
         """Every expert's tokens through the stack and its final norm.
 
         embedded: per expert [B, T_i, D_i] or None; positions [B, T]; mask [B, T, S_cache + T];
+        adarms_cond: per expert None, the adaRMS condition, or (unscanned) its `AdaRMS` computed ahead;
         kv_cache: (k, v) of earlier columns, each indexable by layer to [B, S_cache, K, H] (a stacked
         [depth, ...] array or a per-layer sequence), or None; write_idx: see `Attention`.
+        last_layer_rows [B] (one expert's tokens, no adaRMS): outputs only for token last_layer_rows[b] of
+        each row ([B, 1, D]); unscanned, the last layer computes its attention and MLP for that token only
+        (its keys/values for all).
         Returns (final-normed outputs per expert, (k, v)): per layer the new tokens' [B, T, K, H], or
         with write_idx the updated cache; a [depth, ...] array when scanned, else a per-layer tuple.
         """
@@ -430,15 +583,19 @@ class Transformer(nn.Module):
         if self.scan:
             cache = None if kv_cache is None else tuple(stack_layers(c) for c in kv_cache)
             xs, new_kv = self.layers(xs, cache, positions, mask, adarms_cond, write_idx)
+            if last_layer_rows is not None:
+                xs = [None if x is None else take_rows(x, last_layer_rows) for x in xs]
         else:
             per_layer = []
             for i, layer in enumerate(self.layers):
                 layer_cache = None if kv_cache is None else (kv_cache[0][i], kv_cache[1][i])
-                xs, kv = layer(xs, layer_cache, positions, mask, adarms_cond, write_idx)
+                layer_cond = [c.layer(i) if isinstance(c, AdaRMS) else c for c in adarms_cond]
+                rows = last_layer_rows if i == len(self.layers) - 1 else None
+                xs, kv = layer(xs, layer_cache, positions, mask, layer_cond, write_idx, rows)
                 per_layer.append(kv)
             new_kv = tuple(zip(*per_layer, strict=True))
         normed = [
-            None if x is None else norm(x, cond)[0]
+            None if x is None else norm(x, Modulated(cond.final) if isinstance(cond, AdaRMS) else cond)[0]
             for norm, x, cond in zip(self.final_norms, xs, adarms_cond, strict=True)
         ]
         return normed, new_kv
@@ -474,3 +631,23 @@ def runtime_layers(layers: dict) -> dict[str, dict]:
         return jax.tree_util.tree_map_with_path(convert, layers)
 
     return {layer_name(i): layer(i) for i in range(jax.tree.leaves(layers)[0].shape[0])}
+
+
+def fused_layers(llm: dict) -> dict:
+    """The runtime layout's per-layer trees in `llm` with each expert's q and kv weights fused into one
+    `qkv_einsum` (`fuse_qkv`), the layout `Transformer(fused_qkv=True)` runs; other entries as they are."""
+
+    def fuse(attn: dict) -> dict:
+        fused = {}
+        for name, value in attn.items():
+            base = re.sub(r"_\d+$", "", name)
+            suffix = name[len(base) :]
+            if base == "q_einsum":
+                fused[f"qkv_einsum{suffix}"] = {"w": fuse_qkv(value["w"], attn[f"kv_einsum{suffix}"]["w"])}
+            elif base != "kv_einsum":
+                fused[name] = value
+        return fused
+
+    return {
+        k: {**v, "attn": fuse(v["attn"])} if re.fullmatch(r"layers_\d+", k) else v for k, v in llm.items()
+    }

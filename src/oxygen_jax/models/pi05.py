@@ -14,6 +14,7 @@ import flax.linen as nn
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from oxygen_jax.models import gemma, siglip
 
@@ -38,6 +39,9 @@ class Pi05Config:
     # True: layers stacked over depth and scanned (openpi's param tree, as checkpoints store it); False:
     # one param tree per layer run as a loop (`runtime_layout`, which the engine uses).
     scan_layers: bool = True
+    # With scan_layers=False: each layer's q and kv weights fused into one `qkv_einsum` [D, N + 2K, H], one
+    # projection instead of two (`fused_layout`; the engine's choice without a model-parallel mesh).
+    fused_qkv: bool = False
     # > 0: trained with up to this many leading actions of the chunk given clean (flow time 0 on their
     # tokens, `training/loss.py`), so real-time chunking conditions on the actions the robot executes
     # meanwhile instead of guiding towards them (`engine/guidance.py`).
@@ -98,7 +102,9 @@ class _PaliGemma(nn.Module):
     def setup(self):
         c = self.config
         experts = (c.paligemma, c.action_expert)
-        self.llm = gemma.Transformer(experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers)
+        self.llm = gemma.Transformer(
+            experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers, fused_qkv=c.fused_qkv
+        )
         self.img = siglip.Siglip(c.vision, c.paligemma.width, c.dtype)
 
 
@@ -137,27 +143,45 @@ class Pi05(nn.Module):
         return jnp.concatenate(tokens, axis=1), jnp.concatenate(masks, axis=1).astype(bool), ar_mask
 
     def prefix_forward(self, obs: Observation, skip_cameras: tuple[str, ...] = ()):
+        return self._prefix(obs, skip_cameras, full_hidden=True)
+
+    def prefill(self, obs: Observation, skip_cameras: tuple[str, ...] = ()) -> PrefixCache:
+        return self._prefix(obs, skip_cameras, full_hidden=False)[0]
+
+    def _prefix(self, obs: Observation, skip_cameras: tuple[str, ...], full_hidden: bool):
+        """(cache, final-normed hidden [B, P, D] or, without full_hidden, None: then the last layer's
+        attention and MLP run for the last valid column only, whose hidden `last_hidden` is)."""
         tokens, mask, ar_mask = self.embed_prefix(obs, skip_cameras)
         positions = jnp.cumsum(mask, axis=1) - 1
-        (hidden, _), (k, v) = self.PaliGemma.llm([tokens, None], positions, make_attn_mask(mask, ar_mask))
-        last = jnp.take_along_axis(hidden, last_valid_index(mask)[:, None, None], axis=1)[:, 0]
+        last = last_valid_index(mask)
+        (hidden, _), (k, v) = self.PaliGemma.llm(
+            [tokens, None],
+            positions,
+            make_attn_mask(mask, ar_mask),
+            last_layer_rows=None if full_hidden else last,
+        )
         cache = PrefixCache(
             k=gemma.stack_layers(k),
             v=gemma.stack_layers(v),
             mask=mask,
             positions=positions,
             length=mask.sum(axis=1),
-            last_hidden=last,
+            last_hidden=gemma.take_rows(hidden, last if full_hidden else jnp.zeros_like(last))[:, 0],
         )
-        return cache, hidden
+        return cache, hidden if full_hidden else None
+
+    def time_condition(self, time: jax.Array) -> jax.Array:
+        cond = posemb_sincos(time, self.config.action_expert.width, min_period=4e-3, max_period=4.0)
+        return nn.swish(self.time_mlp_out(nn.swish(self.time_mlp_in(cond))))
 
     def embed_suffix(self, x_t: jax.Array, time: jax.Array):
-        cond = posemb_sincos(time, self.config.action_expert.width, min_period=4e-3, max_period=4.0)
-        cond = nn.swish(self.time_mlp_out(nn.swish(self.time_mlp_in(cond))))
-        return self.action_in_proj(x_t), cond
+        return self.action_in_proj(x_t), self.time_condition(time)
 
     def predict_velocity(self, cache: PrefixCache, x_t: jax.Array, time: jax.Array) -> jax.Array:
-        tokens, cond = self.embed_suffix(x_t, time)
+        return self.velocity(cache, x_t, self.time_condition(time))
+
+    def velocity(self, cache: PrefixCache, x_t: jax.Array, condition) -> jax.Array:
+        tokens = self.action_in_proj(x_t)
         batch, horizon = x_t.shape[:2]
         mask = jnp.concatenate(
             [
@@ -167,7 +191,9 @@ class Pi05(nn.Module):
             axis=-1,
         )
         positions = cache.length[:, None] + jnp.arange(horizon)[None, :]
-        (_, out), _ = self.PaliGemma.llm([None, tokens], positions, mask, [None, cond], (cache.k, cache.v))
+        (_, out), _ = self.PaliGemma.llm(
+            [None, tokens], positions, mask, [None, condition], (cache.k, cache.v)
+        )
         return self.action_out_proj(out)
 
     def text_forward(self, tokens, positions, kv_cache, kv_valid, write_idx=None):
@@ -219,7 +245,7 @@ def _init(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
 def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
     """One layer as the unscanned `gemma.Transformer` holds it."""
     pg, ae = config.paligemma, config.action_expert
-    block = gemma.Block((pg, ae), config.kernels, d_first=True)
+    block = gemma.Block((pg, ae), config.kernels, d_first=True, fused_qkv=config.fused_qkv)
     xs = [jnp.zeros((1, 1, pg.width)), jnp.zeros((1, 1, ae.width))]
     positions, mask, cond = (
         jnp.zeros((1, 2), jnp.int32),
@@ -273,6 +299,13 @@ def runtime_layout(params: dict) -> dict:
     return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
 
 
+def fused_layout(params: dict) -> dict:
+    """The runtime layout (`runtime_layout`) with each layer's q and kv weights fused (`gemma.fused_layers`),
+    which `scan_layers=False, fused_qkv=True` runs. A tree already fused passes through."""
+    llm = params["PaliGemma"]["llm"]
+    return {**params, "PaliGemma": {**params["PaliGemma"], "llm": gemma.fused_layers(llm)}}
+
+
 def make_attn_mask(input_mask: jax.Array, ar_mask: jax.Array) -> jax.Array:
     """big_vision block-causal mask: a token sees valid tokens whose cumulative ar_mask <= its own."""
     ar_mask = jnp.broadcast_to(ar_mask, input_mask.shape)
@@ -306,7 +339,9 @@ def prefix_forward(
 def prefill(
     params: dict, config: Pi05Config, obs: Observation, skip_cameras: tuple[str, ...] = ()
 ) -> PrefixCache:
-    return prefix_forward(params, config, obs, skip_cameras)[0]
+    """The prefix pass for its cache only: the last layer runs its attention and MLP for the last valid
+    column alone (`last_hidden`'s), its keys/values for every column."""
+    return _apply(params, config, Pi05.prefill, obs, skip_cameras)
 
 
 def posemb_sincos(t: jax.Array, width: int, min_period: float, max_period: float) -> jax.Array:
@@ -331,29 +366,91 @@ def predict_velocity(
     return _apply(params, config, Pi05.predict_velocity, cache, x_t, time)
 
 
+def flow_times(num_steps: int) -> np.ndarray:
+    """The flow times [num_steps] of openpi's Euler loop, replayed on the host in float32 (`time = 1;
+    while time >= -dt / 2: ...; time += dt` with dt = float32(-1 / num_steps)), so a loop of compile-time
+    length steps through exactly openpi's times."""
+    dt = flow_dt(num_steps)
+    times, time = [], np.float32(1.0)
+    while time >= -dt / np.float32(2):
+        times.append(time)
+        time = np.float32(time + dt)
+    return np.array(times, np.float32)
+
+
+def flow_dt(num_steps: int) -> np.float32:
+    """openpi's Euler step, -1 / num_steps in float32."""
+    return np.float32(-1.0) / np.float32(num_steps)
+
+
+def flow_conditions(params: dict, config: Pi05Config, times: jax.Array):
+    """The action expert's conditioning at flow times [S], computed once for all of them: the time MLP, and
+    in the runtime layout every adaRMS norm's modulation (`gemma.AdaRMS`). Each leaf has S leading; a
+    step's slice is what `velocity` takes."""
+    cond = _apply(params, config, Pi05.time_condition, times)
+    if config.scan_layers:
+        return cond
+    return gemma.adarms_modulations(params["PaliGemma"]["llm"], cond, expert=1, dtype=config.dtype)
+
+
+def velocity(params: dict, config: Pi05Config, cache: PrefixCache, x_t: jax.Array, condition) -> jax.Array:
+    """`predict_velocity` with the action expert's conditioning given: one step's slice of
+    `flow_conditions` (shared by every row), or one per row or token along its leading dims."""
+    return _apply(params, config, Pi05.velocity, cache, x_t, condition)
+
+
 def denoise(
     params: dict, config: Pi05Config, cache: PrefixCache, noise: jax.Array, num_steps: int | jax.Array
 ) -> jax.Array:
-    """Euler integration of the flow from t=1 (noise) to t=0 (actions). num_steps may be traced."""
+    """Euler integration of the flow from t=1 (noise) to t=0 (actions).
 
-    def velocity(x_t, time):
-        return predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
+    num_steps a Python int (static under jit, as the engine passes it): `integrate_flow`, a loop of
+    compile-time length with the conditioning computed before it. Traced: openpi's while loop on the float
+    time, one program for every step count, the conditioning computed in every step.
+    """
+    if not isinstance(num_steps, int | np.integer):
+        return _denoise_traced(params, config, cache, noise, num_steps)
 
-    return integrate_flow(velocity, noise, num_steps)
+    def step_velocity(x_t, _time, condition):
+        return velocity(params, config, cache, x_t, condition)
+
+    return integrate_flow(
+        step_velocity, noise, num_steps, lambda times: flow_conditions(params, config, times), config.kernels
+    )
 
 
-def integrate_flow(
-    velocity: Callable[[jax.Array, jax.Array], jax.Array], noise: jax.Array, num_steps: int | jax.Array
-) -> jax.Array:
-    """Euler steps of velocity(x_t, t) (t a float32 scalar) from t=1 (noise) to t=0, dt = -1/num_steps as
-    openpi steps (num_steps may be traced): every denoiser's loop (plain, guided, conditioned)."""
+def _denoise_traced(params, config, cache, noise, num_steps):
     dt = (-1.0 / jnp.asarray(num_steps, jnp.float32)).astype(jnp.float32)
 
     def step(carry):
         x_t, time = carry
-        return x_t + dt * velocity(x_t, time), time + dt
+        v_t = predict_velocity(params, config, cache, x_t, jnp.broadcast_to(time, x_t.shape[:1]))
+        return x_t + dt * v_t, time + dt
 
     x_0, _ = jax.lax.while_loop(lambda c: c[1] >= -dt / 2, step, (noise, jnp.float32(1.0)))
+    return x_0
+
+
+def integrate_flow(
+    velocity: Callable[[jax.Array, jax.Array, object], jax.Array],
+    noise: jax.Array,
+    num_steps: int,
+    conditions: Callable[[jax.Array], object],
+    kernels: gemma.Kernels,
+) -> jax.Array:
+    """Euler steps of velocity(x_t, t, condition) over openpi's flow times (`flow_times`), dt = -1/num_steps:
+    every denoiser's loop (plain, guided, conditioned). conditions(times [S]) -> a pytree with S leading,
+    computed once before the loop; each step gets its slice. The loop's trip count is a compile-time
+    constant (a scan over the times; fully unrolled with `kernels.unroll_loops`), so no predicate goes
+    to the host between steps."""
+    times = jnp.asarray(flow_times(num_steps))
+    dt = flow_dt(num_steps)
+
+    def step(x_t, inputs):
+        time, condition = inputs
+        return x_t + dt * velocity(x_t, time, condition), None
+
+    x_0, _ = jax.lax.scan(step, noise, (times, conditions(times)), unroll=kernels.unroll_loops)
     return x_0
 
 
