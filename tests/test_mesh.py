@@ -61,10 +61,13 @@ def test_both_experts_shard_heads_and_mlp_and_other_params_replicate():
         "head_dim",
     )
     assert mesh.param_logical_axes("PaliGemma/llm/layers_0/mlp/linear", 2) == ("mlp", "embed")
-    assert mesh.param_logical_axes("PaliGemma/img/Transformer/encoderblock/MlpBlock_0/Dense_0/kernel", 3) == (
-        "layers",
+    vision_block = "PaliGemma/img/Transformer/encoderblock_0"
+    assert mesh.param_logical_axes(f"{vision_block}/MlpBlock_0/Dense_0/kernel", 2) == ("embed", "mlp")
+    assert mesh.param_logical_axes(f"{vision_block}/MultiHeadDotProductAttention_0/qkv/kernel", 4) == (
         "embed",
-        "mlp",
+        None,
+        "heads",
+        "head_dim",
     )
     assert mesh.param_logical_axes("time_mlp_out/kernel", 2) == (None, None)
 

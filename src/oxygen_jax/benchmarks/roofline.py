@@ -18,7 +18,7 @@ import numpy as np
 from oxygen_jax.benchmarks.spec import RunSpec, observation
 from oxygen_jax.engine.api import SamplingParams, SlotInsert
 from oxygen_jax.engine.engine import Engine
-from oxygen_jax.models import gemma, inputs, siglip
+from oxygen_jax.models import gemma, inputs, pi05
 from oxygen_jax.models.pi05 import Pi05Config
 
 
@@ -199,15 +199,13 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
     config = engine.config
     arrays = observation(config, spec.layout, 0)
     obs = inputs.observation_from_arrays(arrays, config)
-    cams = [c for c in config.image_keys if c not in engine.masked_cameras(obs)]
-    encoder = siglip.Siglip(config.vision, config.paligemma.width, config.dtype)
-    vision = jax.jit(lambda p, images: [encoder.apply({"params": p}, img) for img in images])
-    images = [obs.images[c] for c in cams]
+    cams = tuple(c for c in config.image_keys if c not in engine.masked_cameras(obs))
+    vision = jax.jit(pi05.embed_images, static_argnums=(1, 3))  # the image part of the engine's prefill
     cache = engine.prefill(obs)
     noise = engine.noise(jax.random.key(0), 1)
     batches = tuple(sorted({1, 4, spec.slots}))
     seconds = {
-        "vision": _best_s(lambda: vision(engine.params["PaliGemma"]["img"], images)),
+        "vision": _best_s(lambda: vision(engine.params, config, obs, cams)),
         "prefill": _best_s(lambda: engine.prefill(obs)),
         "denoise": _best_s(lambda: engine.denoise(cache, noise, spec.num_steps)),
         **{f"decode_step_b{b}": _decode_step_s(engine, cache, b, spec.max_new) for b in batches},

@@ -77,8 +77,9 @@ def sharding(mesh: Mesh, logical: Sequence[str | None], shape: Sequence[int]) ->
 
 
 # --- params ---
-# Logical names of each param's dims, by the end of its path (`_1`: the action expert's copy); stacked
-# SigLIP weights lead with "layers" (a leading dim not named here is "layers").
+# Logical names of each param's dims, by the end of its path (`_1`: the action expert's copy), in the
+# engine's runtime layout (per-layer trees; a weight stacked over depth leads with "layers": a leading dim
+# not named here is "layers").
 _PARAM_AXES = [
     (r"q_einsum(_1)?/w", ("embed", "heads", "head_dim")),
     (r"kv_einsum(_1)?/w", ("embed", None, "kv_heads", "head_dim")),
@@ -86,8 +87,8 @@ _PARAM_AXES = [
     (r"mlp(_1)?/gating_einsum", (None, "embed", "mlp")),
     (r"mlp(_1)?/linear", ("mlp", "embed")),
     (r"embedder/input_embedding", ("vocab", "embed")),
-    (r"MultiHeadDotProductAttention_0/(query|key|value)/kernel", ("embed", "heads", "head_dim")),
-    (r"MultiHeadDotProductAttention_0/(query|key|value)/bias", ("heads", "head_dim")),
+    (r"MultiHeadDotProductAttention_0/qkv/kernel", ("embed", None, "heads", "head_dim")),
+    (r"MultiHeadDotProductAttention_0/qkv/bias", (None, "heads", "head_dim")),
     (r"MultiHeadDotProductAttention_0/out/kernel", ("heads", "head_dim", "embed")),
     (r"MlpBlock_0/Dense_0/kernel", ("embed", "mlp")),
     (r"MlpBlock_0/Dense_0/bias", ("mlp",)),

@@ -105,7 +105,7 @@ class _PaliGemma(nn.Module):
         self.llm = gemma.Transformer(
             experts, c.vocab_size, c.dtype, c.kernels, scan=c.scan_layers, fused_qkv=c.fused_qkv
         )
-        self.img = siglip.Siglip(c.vision, c.paligemma.width, c.dtype)
+        self.img = siglip.Siglip(c.vision, c.paligemma.width, c.dtype, scan=c.scan_layers)
 
 
 class Pi05(nn.Module):
@@ -127,14 +127,21 @@ class Pi05(nn.Module):
         cache. It reaches every param, so `init` through it builds the whole tree."""
         return self.predict_velocity(self.prefix_forward(obs)[0], x_t, time)
 
+    def embed_images(self, obs: Observation, cameras: tuple[str, ...]):
+        if not cameras:
+            return [], []
+        stacked = self.PaliGemma.img(jnp.concatenate([obs.images[key] for key in cameras]))
+        tokens = jnp.split(stacked, len(cameras))
+        masks = [
+            jnp.broadcast_to(obs.image_masks[key][:, None], t.shape[:2])
+            for key, t in zip(cameras, tokens, strict=True)
+        ]
+        return tokens, masks
+
     def embed_prefix(self, obs: Observation, skip_cameras: tuple[str, ...] = ()):
         config = self.config
-        tokens, masks = [], []
-        cameras = [key for key in config.image_keys if key not in skip_cameras]
-        for key in cameras:
-            image_tokens = self.PaliGemma.img(obs.images[key])
-            tokens.append(image_tokens)
-            masks.append(jnp.broadcast_to(obs.image_masks[key][:, None], image_tokens.shape[:2]))
+        cameras = tuple(key for key in config.image_keys if key not in skip_cameras)
+        tokens, masks = self.embed_images(obs, cameras)
         tokens.append(self.PaliGemma.llm.embed(obs.tokenized_prompt))
         masks.append(obs.tokenized_prompt_mask)
         n_image = len(cameras) * config.image_tokens
@@ -255,14 +262,22 @@ def _init_layer(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
     return cast_params(block.init(rng, xs, None, positions, mask, cond, None)["params"], dtype)
 
 
+@functools.partial(jax.jit, static_argnames=("config", "dtype"))
+def _init_vision_block(config: Pi05Config, rng: jax.Array, dtype: str) -> dict:
+    """One vision encoder layer as the unscanned `siglip.Encoder` holds it."""
+    v = config.vision
+    block = siglip.EncoderBlock(v.mlp_dim, v.num_heads, config.dtype, fused_qkv=True)
+    return cast_params(block.init(rng, jnp.zeros((1, 1, v.width)), None)["params"], dtype)
+
+
 def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype: str = "float32") -> dict:
     """Random params with openpi's initializers, from the modules' init, cast to `dtype` in the same
     compiled call (the forward pass init traces is dead code there and is not run).
 
     stacked=True: openpi's tree, `Pi05`'s init. stacked=False: the engine's runtime layout
     (`runtime_layout`), made one layer at a time, so a full model's layers never wait in float32
-    together nor compile as one program: `Pi05` with a one-layer stack, then one compiled
-    `gemma.Block` init for each further layer.
+    together nor compile as one program: `Pi05` with one-layer stacks, then one compiled
+    `gemma.Block` and `siglip.EncoderBlock` init for each further layer.
     """
     if stacked:
         return _init(dataclasses.replace(config, scan_layers=True), rng, dtype)
@@ -272,10 +287,15 @@ def init_params(config: Pi05Config, rng: jax.Array, stacked: bool = True, dtype:
         scan_layers=False,
         paligemma=dataclasses.replace(config.paligemma, depth=1),
         action_expert=dataclasses.replace(config.action_expert, depth=1),
+        vision=dataclasses.replace(config.vision, depth=1),
     )
     params = _init(one_layer, first_key, dtype)
     params["PaliGemma"]["llm"].update(
         {gemma.layer_name(i): _init_layer(config, key, dtype) for i, key in enumerate(layer_keys, 1)}
+    )
+    vision_keys = jax.random.split(jax.random.fold_in(rng, 1), config.vision.depth - 1)
+    params["PaliGemma"]["img"]["Transformer"].update(
+        {siglip.block_name(i): _init_vision_block(config, key, dtype) for i, key in enumerate(vision_keys, 1)}
     )
     return params
 
@@ -290,13 +310,15 @@ def cast_params(params: dict, dtype) -> dict:
 
 
 def runtime_layout(params: dict) -> dict:
-    """openpi's tree -> the engine's runtime layout (per-layer trees, attention q/kv D-first: see
-    `models/gemma.py`), which `scan_layers=False` runs. A tree already in that layout passes through."""
+    """openpi's tree -> the engine's runtime layout (per-layer trees; language model attention q/kv
+    D-first, see `models/gemma.py`; vision query/key/value fused, see `models/siglip.py`), which
+    `scan_layers=False` runs. A tree already in that layout passes through."""
     llm = params["PaliGemma"]["llm"]
-    if "layers" not in llm:
-        return params
-    llm = {k: v for k, v in llm.items() if k != "layers"} | gemma.runtime_layers(llm["layers"])
-    return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm}}
+    if "layers" in llm:
+        llm = {k: v for k, v in llm.items() if k != "layers"} | gemma.runtime_layers(llm["layers"])
+    img = params["PaliGemma"]["img"]
+    img = {**img, "Transformer": siglip.runtime_encoder(img["Transformer"])}
+    return {**params, "PaliGemma": {**params["PaliGemma"], "llm": llm, "img": img}}
 
 
 def fused_layout(params: dict) -> dict:
@@ -322,6 +344,15 @@ def embed_prefix(params: dict, config: Pi05Config, obs: Observation, skip_camera
     invisible anyway, and positions only count valid tokens, so the results are the same.
     """
     return _apply(params, config, Pi05.embed_prefix, obs, skip_cameras)
+
+
+def embed_images(
+    params: dict, config: Pi05Config, obs: Observation, cameras: tuple[str, ...]
+) -> tuple[list[jax.Array], list[jax.Array]]:
+    """The image part of `embed_prefix`: per camera, in the order given, tokens [B, image_tokens, D] and
+    mask [B, image_tokens]. The cameras' images go through one encoder call, stacked on the batch axis
+    (camera-major), so each layer runs one set of matmuls over every camera's patches."""
+    return _apply(params, config, Pi05.embed_images, obs, cameras)
 
 
 def last_valid_index(mask: jax.Array) -> jax.Array:
