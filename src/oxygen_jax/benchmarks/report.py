@@ -114,6 +114,17 @@ def _rates(rates: dict[str, float]) -> str:
     return ", ".join(f"{rate / 1e9:.1f} GB/s ({b})" for b, rate in rates.items())
 
 
+def setting_line(setting: dict) -> str:
+    """What the phases ran: action horizon, flow steps, cameras, prompt columns, and the weight split."""
+    weights = ", ".join(f"{name} {count / 1e9:.3f} B" for name, count in setting["weights"].items())
+    return (
+        f"Phases at action horizon {setting['action_horizon']}, {setting['num_steps']} flow steps, "
+        f"{len(setting['cameras'])} cameras ({', '.join(setting['cameras'])}), a prompt of "
+        f"{setting['prompt_len']} columns ({setting['prefix_len']} prefix columns); "
+        f"matmul weights: {weights}."
+    )
+
+
 def markdown(runs: list[dict], roof: dict, quick: dict) -> str:
     lines = [f"# Benchmark results: {quick['config']} on {roof['device_kind']} ({roof['dtype']})", ""]
     m = roof["machine"]
@@ -122,6 +133,8 @@ def markdown(runs: list[dict], roof: dict, quick: dict) -> str:
         f"GFLOP/s, bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s; the model's MLP weights stream "
         f"through the dot kernels at {_rates(roof['mlp_stream_bytes_per_s'])}.",
     ]
+    if "setting" in roof:
+        lines.append(setting_line(roof["setting"]))
     if "blas_stream_bytes_per_s" in roof:
         lines.append(
             f"The same matmuls in numpy's BLAS ({roof['blas']}): {_rates(roof['blas_stream_bytes_per_s'])}."

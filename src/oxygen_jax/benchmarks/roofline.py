@@ -9,6 +9,7 @@ the frame time of each mode, and so into a bound on oxygen's speedup over isolat
 import functools
 import pathlib
 import platform
+import re
 import time
 
 import jax
@@ -118,21 +119,46 @@ def machine(dtype: str) -> dict[str, float]:
     }
 
 
+_LAYER = re.compile(r"^(layers|encoderblock)(_\d+)?$")  # a layer's tree: its index is no expert
+_EXPERT = re.compile(r"^(?!Dense_|LayerNorm_)\w+_(\d+)$")  # openpi's expert suffix: `mlp_1`, `qkv_einsum_1`
+
+
+def _expert(parts: list[str]) -> int:
+    """The expert a language-model weight belongs to, from its module names (`mlp_1` -> 1)."""
+    for part in parts:
+        match = None if _LAYER.match(part) else _EXPERT.match(part)
+        if match:
+            return int(match.group(1))
+    return 0
+
+
 def weight_counts(params: dict) -> dict[str, int]:
-    """Matmul weights per group: vision, backbone layers (expert 0), action expert, embedding table."""
-    counts = {"vision": 0, "backbone": 0, "action_expert": 0, "embedding": 0}
+    """Matmul weights per group, in any of the model's param layouts (openpi's stacked tree, the runtime
+    layout, the engine's fused q/k/v):
+
+    vision (SigLIP and its head), backbone (expert 0's layers), action_expert (what every flow step
+    reads: expert 1's layers and the action in/out projections), conditioning (the time MLP and every
+    adaRMS modulation of expert 1, computed once per denoise call for all steps), embedding (the table,
+    also the language head). Biases, norm scales and the position embedding are not matmul weights.
+    """
+    counts = dict.fromkeys(("vision", "backbone", "action_expert", "conditioning", "embedding"), 0)
     for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
-        name = jax.tree_util.keystr(path, simple=True, separator="/")
-        if "norm" in name or name.endswith(("bias", "pos_embedding", "scale")):
+        parts = jax.tree_util.keystr(path, simple=True, separator="/").split("/")
+        if parts[-1] in ("bias", "scale", "pos_embedding"):
             continue
-        if name.startswith("PaliGemma/img"):
-            counts["vision"] += x.size
-        elif name.startswith("PaliGemma/llm/embedder"):
-            counts["embedding"] += x.size
-        elif name.startswith("PaliGemma/llm/layers"):
-            counts["action_expert" if "_1" in name else "backbone"] += x.size
-        else:  # action in/out projections and the time MLP
-            counts["action_expert"] += x.size
+        if parts[:2] == ["PaliGemma", "img"]:
+            group = "vision"
+        elif parts[:3] == ["PaliGemma", "llm", "embedder"]:
+            group = "embedding"
+        elif parts[:2] == ["PaliGemma", "llm"]:
+            expert = _expert(parts[2:])
+            if any("norm" in part for part in parts):  # only expert 1's adaRMS norms hold a matmul
+                group = "conditioning"
+            else:
+                group = "action_expert" if expert else "backbone"
+        else:  # action in/out projections (per step) and the time MLP (once per call)
+            group = "conditioning" if parts[0].startswith("time_mlp") else "action_expert"
+        counts[group] += x.size
     return counts
 
 
@@ -143,26 +169,33 @@ def phase_costs(
     num_steps: int,
     batches: tuple[int, ...],
     max_new: int,
+    prompt_len: int | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """(FLOPs, bytes) per phase. `cameras`: cameras the prefill computes; decode attends the batch state's
-    columns (that prefix plus max_new)."""
+    """(FLOPs, bytes) per phase at batch 1. `cameras`: cameras the prefill computes; `prompt_len`: the
+    prompt columns it computes (default: the config's max_token_len); decode attends the batch state's
+    columns (that prefix plus max_new). The denoise reads its per-step weights and the prefix cache every
+    step, the conditioning weights once per call."""
     item = jnp.dtype(config.dtype).itemsize
     g, e, v = config.paligemma, config.action_expert, config.vision
     kv_col = 2 * g.depth * g.num_kv_heads * g.head_dim * item  # K and V bytes of one cache column
     image_tokens = config.image_tokens
     vision_flops = cameras * (2 * image_tokens * weights["vision"] + 4 * image_tokens**2 * v.width * v.depth)
     vision_bytes = weights["vision"] * item
-    prefix = cameras * image_tokens + config.max_token_len
+    prefix = cameras * image_tokens + (config.max_token_len if prompt_len is None else prompt_len)
     attn_width = g.num_heads * g.head_dim
     prefill_flops = vision_flops + 2 * prefix * weights["backbone"] + 4 * prefix**2 * attn_width * g.depth
     horizon = config.action_horizon
     step_flops = (
         2 * horizon * weights["action_expert"] + 4 * horizon * (prefix + horizon) * attn_width * e.depth
     )
+    denoise_flops = num_steps * (step_flops + 2 * weights["conditioning"])
+    denoise_bytes = (
+        num_steps * (weights["action_expert"] * item + prefix * kv_col) + weights["conditioning"] * item
+    )
     costs = {
         "vision": (vision_flops, vision_bytes),
         "prefill": (prefill_flops, vision_bytes + weights["backbone"] * item + prefix * kv_col),
-        "denoise": (num_steps * step_flops, num_steps * (weights["action_expert"] * item + prefix * kv_col)),
+        "denoise": (denoise_flops, denoise_bytes),
     }
     columns = prefix + max_new
     decoder = weights["backbone"] + weights["embedding"]
@@ -215,9 +248,9 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
     }
     peaks = machine(config.dtype)
     stream = mlp_stream(engine, batches)
-    costs = phase_costs(
-        config, weight_counts(engine.params), len(cams), spec.num_steps, batches, spec.max_new
-    )
+    prompt_len = cache.mask.shape[1] - len(cams) * config.image_tokens  # the prompt columns that ran
+    weights = weight_counts(engine.params)
+    costs = phase_costs(config, weights, len(cams), spec.num_steps, batches, spec.max_new, prompt_len)
     phases = []
     for name, (flops, nbytes) in costs.items():
         floor_s, bound = floor(flops, nbytes, peaks)
@@ -239,6 +272,14 @@ def measure(engine: Engine, spec: RunSpec) -> dict:
     blas = {"blas": blas_name(), "blas_stream_bytes_per_s": blas_stream(engine, batches)} if cpu else {}
     return {
         "processor": processor(),
+        "setting": {
+            "action_horizon": config.action_horizon,
+            "num_steps": spec.num_steps,
+            "cameras": list(cams),
+            "prompt_len": prompt_len,
+            "prefix_len": int(cache.mask.shape[1]),
+            "weights": weights,
+        },
         "machine": peaks,
         "mlp_stream_bytes_per_s": stream,
         **blas,
