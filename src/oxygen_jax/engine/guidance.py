@@ -45,15 +45,16 @@ def prefix_weights(delay: int, horizon: int, total: int, schedule: str = "exp") 
     0 from horizon on (delay is clamped to horizon).
 
     Host-side numpy: XLA turns a division by a broadcast value into a multiplication by its reciprocal,
-    which moves the ramp by an ulp from the reference's; numpy divides exactly. numpy's expm1 is not XLA's:
-    `exp` weights are within an ulp of the reference's (frozen actions get 1.0, the reference 0.99999994).
+    which moves the ramp by an ulp from the reference's; numpy divides exactly. `exp` weights are within an
+    ulp of the reference's; the frozen actions get exactly 1 (the reference's expm1 gives 0.99999994 there,
+    and numpy's expm1 differs between CPUs).
     """
     index = np.arange(total)
     start = min(delay, horizon)
     ramp = np.float32(start - 1 - index) / np.float32(horizon - start + 1) + np.float32(1)
     ramp = np.clip(ramp, np.float32(0), np.float32(1))
     weights = {
-        "exp": lambda: ramp * np.expm1(ramp) / np.float32(math.e - 1),
+        "exp": lambda: np.where(index < start, np.float32(1), ramp * np.expm1(ramp) / np.float32(math.e - 1)),
         "linear": lambda: ramp,
         "ones": lambda: np.ones(total, np.float32),
         "zeros": lambda: (index < start).astype(np.float32),
