@@ -20,6 +20,7 @@ import numpy as np
 
 from oxygen_jax.engine import api
 from oxygen_jax.engine.batch_state import BatchState
+from oxygen_jax.engine.sampling import SamplingMode
 from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
 
 
@@ -112,7 +113,7 @@ class FakeEngine:
         s.temperature[slots], s.top_p[slots] = columns["temperature"][kept], columns["top_p"][kept]
         return state.replace(**s.__dict__)
 
-    def decode(self, state: BatchState, num_steps: int) -> BatchState:
+    def decode(self, state: BatchState, num_steps: int, mode: SamplingMode) -> BatchState:
         self.calls.append(("decode", num_steps))
         s = _copy(state)
         for _ in range(num_steps):

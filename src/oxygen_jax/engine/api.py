@@ -17,6 +17,7 @@ import numpy as np
 from oxygen_jax.engine.batch_state import BatchState
 from oxygen_jax.engine.guidance import SCHEDULES, prefix_weights
 from oxygen_jax.engine.language import TextOutput
+from oxygen_jax.engine.sampling import SamplingMode
 from oxygen_jax.errors import InvalidArgumentError
 from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
 
@@ -155,8 +156,9 @@ class RuntimeEngine(Protocol):
     def insert(self, state: BatchState, cache: PrefixCache, inserts: Sequence[SlotInsert]) -> BatchState:
         """Row i of `cache` into the slot inserts[i] names; rows beyond the inserts are padding."""
 
-    def decode(self, state: BatchState, num_steps: int) -> BatchState:
-        """Up to `num_steps` tokens for every active, unfinished slot."""
+    def decode(self, state: BatchState, num_steps: int, mode: SamplingMode) -> BatchState:
+        """Up to `num_steps` tokens for every active, unfinished slot; `mode`: the sampling paths the
+        occupied slots need (known on the host from their requests)."""
 
     def evict(self, state: BatchState, slots: np.ndarray) -> BatchState:
         """Frees slots (indices outside [0, max_slots) are ignored)."""

@@ -15,7 +15,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh
 
-from oxygen_jax.engine import api, batch_state, extension, kernels, language
+from oxygen_jax.engine import api, batch_state, extension, kernels, language, sampling
 from oxygen_jax.engine import guidance as guidance_lib
 from oxygen_jax.engine import mesh as mesh_lib
 from oxygen_jax.models import pi05
@@ -62,7 +62,9 @@ class Engine:
         self._denoise = jax.jit(pi05.denoise, static_argnames="config")
         self._guided_denoise = jax.jit(guidance_lib.guided_denoise, static_argnames="config")
         self._conditioned_denoise = jax.jit(guidance_lib.conditioned_denoise, static_argnames="config")
-        self._generate = jax.jit(language.generate, static_argnames=("config", "max_new_tokens", "eos_id"))
+        self._generate = jax.jit(
+            language.generate, static_argnames=("config", "max_new_tokens", "eos_id", "mode")
+        )
         self._score = jax.jit(language.score, static_argnames="config")
         self._init_state = (
             jax.jit(
@@ -76,7 +78,7 @@ class Engine:
         self._insert = jax.jit(batch_state.insert, donate_argnames="state", **rows_out)
         self._decode = jax.jit(
             batch_state.decode,
-            static_argnames=("config", "eos_id"),
+            static_argnames=("config", "num_steps", "eos_id", "mode"),
             donate_argnames="state",
             compiler_options=dict(kernel_policy.decode_options),
             **rows_out,
@@ -155,6 +157,7 @@ class Engine:
         batch = cache.mask.shape[0]
         rows = self._per_row(batch, max_new_tokens if max_new is None else max_new, temperature, top_p)
         seeds = jnp.arange(batch, dtype=jnp.uint32) + np.uint32(seed * batch % 2**32)
+        mode = sampling.SamplingMode.of(temperature, top_p)
         max_new, temperature, top_p = rows
         return self._generate(
             params=self.params,
@@ -166,6 +169,7 @@ class Engine:
             top_p=top_p,
             seeds=seeds,
             eos_id=self.eos_id,
+            mode=mode,
         )
 
     def score(self, cache: pi05.PrefixCache, tokens: np.ndarray) -> jax.Array:
@@ -236,14 +240,23 @@ class Engine:
     def select_rows(self, cache: pi05.PrefixCache, rows: np.ndarray) -> pi05.PrefixCache:
         return self._select_rows(cache, jnp.asarray(rows, jnp.int32))
 
-    def decode(self, state: batch_state.BatchState, num_steps: int) -> batch_state.BatchState:
-        return self._decode(
-            params=self.params,
-            config=self.config,
-            state=state,
-            num_steps=jnp.int32(num_steps),
-            eos_id=self.eos_id,
-        )
+    def decode(
+        self, state: batch_state.BatchState, num_steps: int, mode: sampling.SamplingMode
+    ) -> batch_state.BatchState:
+        """Up to `num_steps` tokens per active slot, as the power-of-two programs of
+        `batch_state.step_chunks` (dispatched back to back, no host round trip between them); counts
+        beyond the state's max_new_tokens change nothing, so they are cut there. mode: the sampling paths
+        the occupied slots need."""
+        for steps in batch_state.step_chunks(min(num_steps, state.max_new_tokens)):
+            state = self._decode(
+                params=self.params,
+                config=self.config,
+                state=state,
+                num_steps=steps,
+                eos_id=self.eos_id,
+                mode=mode,
+            )
+        return state
 
     def evict(self, state: batch_state.BatchState, slots: np.ndarray) -> batch_state.BatchState:
         return self._evict(state=state, slots=jnp.asarray(slots, jnp.int32))

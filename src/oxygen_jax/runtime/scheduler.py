@@ -220,10 +220,11 @@ class FrameScheduler:
     def warmup(self, example: dict[str, np.ndarray]) -> None:
         """Sizes the batch state to the example's prefix (its masked cameras are left out, as in every
         frame of that robot), compiles every shape steady state can meet (each prefill bucket, each
-        insert bucket, decode, evict) and leaves the manager empty. `example`: one observation's arrays
-        (batch dim 1)."""
+        insert bucket, every decode program, evict) and leaves the manager empty. `example`: one
+        observation's arrays (batch dim 1)."""
         obs = inputs.observation_from_arrays(example, self.engine.config)
         self.manager.fit_prefix(self.engine.prefix_len(obs) + self.task_suffix_len)
+        self.manager.compile_decode()
         data = self.engine.data_size
         sizes = self.prefill_sizes()
         slots = self.manager.max_slots
