@@ -29,6 +29,7 @@ class FakeEngine:
         self.config = config
         self.eos_id = eos_id
         self.data_size = 1
+        self.prompt_buckets = ()  # prefill reads the prompt columns as given
         self.calls: list[tuple[str, int]] = []
 
     def prefill(self, obs: Observation) -> PrefixCache:
@@ -66,6 +67,16 @@ class FakeEngine:
                 actions[row, : guided.delay] = guided.prev_chunk[: guided.delay]
         return actions
 
+    def act(
+        self,
+        obs: Observation,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[api.ChunkGuidance | None] = (),
+    ) -> tuple[PrefixCache, np.ndarray]:
+        cache = self.prefill(obs)
+        return cache, self.denoise(cache, noise, num_steps, guidance)
+
     def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
         columns = (prefix_len or self.config.prefix_len) + max_new_tokens
         slots = np.zeros(max_slots, np.int32)
@@ -98,7 +109,15 @@ class FakeEngine:
             last_hidden=cache.last_hidden[rows],
         )
 
-    def insert(self, state: BatchState, cache: PrefixCache, inserts: Sequence[api.SlotInsert]) -> BatchState:
+    def insert(
+        self,
+        state: BatchState,
+        cache: PrefixCache,
+        inserts: Sequence[api.SlotInsert],
+        rows: np.ndarray | None = None,
+    ) -> BatchState:
+        if rows is not None:
+            cache = self.select_rows(cache, rows)
         self.calls.append(("insert", cache.mask.shape[0]))
         columns = api.insert_columns(inserts, cache.mask.shape[0], state.max_slots)
         kept = columns["slots"] < state.max_slots

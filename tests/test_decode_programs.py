@@ -7,6 +7,7 @@ sampling modes choose exactly the tokens the device-side conditions chose, and a
 power-of-two programs equals k single steps.
 """
 
+import dataclasses
 import re
 
 import jax
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from oxygen_jax.engine import api, batch_state, sampling
+from oxygen_jax.engine import api, batch_state, kernels, sampling
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
 
@@ -70,10 +71,36 @@ def test_decode_lowers_for_cuda_without_host_round_trips(engine, mode, num_steps
 
 
 def test_prefill_lowers_for_cuda_without_host_round_trips(engine, golden_obs):
+    obs, pad = engine.cut_prompt(golden_obs)
+    assert pad  # the golden prompts fit a shorter bucket: the cache is padded back in the program
     text = _cuda_text(
-        engine._prefill, params=engine.params, config=engine.config, obs=golden_obs, skip_cameras=()
+        engine._prefill, params=engine.params, config=engine.config, obs=obs, skip_cameras=(), pad=pad
     )
     _assert_host_free(text)
+
+
+@pytest.mark.parametrize("denoiser", ["plain", "guided"])
+def test_act_lowers_for_cuda_without_branches(engine, golden_obs, denoiser):
+    """The fused action program has no device-side branch; its denoising loop's bound is the model's."""
+    obs, pad = engine.cut_prompt(golden_obs)
+    config = engine.config
+    rows = None
+    if denoiser == "guided":
+        chunk = api.ChunkGuidance(np.zeros((config.action_horizon, config.action_dim), np.float32), 2, 6)
+        denoiser, rows = engine._denoiser([chunk, None], (2, config.action_horizon, config.action_dim))
+    text = _cuda_text(
+        engine._act,
+        params=engine.params,
+        config=config,
+        obs=obs,
+        noise=np.zeros((2, config.action_horizon, config.action_dim), np.float32),
+        num_steps=10,
+        skip_cameras=(),
+        pad=pad,
+        denoiser=denoiser,
+        guidance=rows,
+    )
+    assert "stablehlo.case" not in text and "stablehlo.if" not in text
 
 
 def _sample_with_conds(logits, keys, temperature, top_p):
@@ -159,3 +186,21 @@ def test_each_decode_program_compiles_once(engine, golden_obs):
         for k in (1, 2, 3, 3, 1):
             state = engine.decode(state, k, mode)
     assert counter.count == 0
+
+
+def test_compiler_options_reach_every_hot_program(golden_params, tiny_config, golden_obs):
+    """An option XLA does not know fails each hot program's compilation: the policy's options reach it.
+    The GPU preset's options are all per-compile options this XLA accepts (ignored on the CPU)."""
+    for options in kernels.GPU_COMPILER_OPTIONS:
+        jax.jit(jnp.sin, compiler_options=dict([options])).lower(jnp.ones(2)).compile()
+    policy = dataclasses.replace(kernels.for_backend(), compiler_options=(("xla_no_such_option", True),))
+    engine = Engine(golden_params, tiny_config, kernel_policy=policy)
+    noise = np.zeros((2, tiny_config.action_horizon, tiny_config.action_dim), np.float32)
+    calls = [
+        lambda: engine.prefill(golden_obs),
+        lambda: engine.act(golden_obs, noise, 10),
+        lambda: engine.decode(engine.init_state(2, 4), 1, sampling.GREEDY),
+    ]
+    for call in calls:
+        with pytest.raises(Exception, match="xla_no_such_option"):
+            call()

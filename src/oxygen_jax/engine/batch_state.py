@@ -96,11 +96,15 @@ def insert(
     temperature: jax.Array,
     top_p: jax.Array,
     seeds: jax.Array,
+    rows: jax.Array | None = None,
 ) -> BatchState:
     """Puts prefix rows [B] into slots [B]; a slot index outside [0, S) skips that row (batch padding).
 
-    max_new, temperature, top_p: [B]; seeds: [B] integer seeds of each request's sampling stream.
+    max_new, temperature, top_p: [B]; seeds: [B] integer seeds of each request's sampling stream; rows:
+    [B] rows of `cache` to insert, gathered in the same program (None: every row, in order).
     """
+    if rows is not None:
+        cache = select_rows(cache, rows)
     prefix_len = cache.mask.shape[1]
     drop = {"mode": "drop"}
 

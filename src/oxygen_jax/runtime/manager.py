@@ -144,12 +144,12 @@ class KVCacheManager:
                 pending.row = 0
 
     def _insert(self, entries: list[tuple[_Pending, int]], frame: int) -> None:
-        """One insert of a bucketed batch: the padding rows repeat row 0 and go into no slot."""
+        """One insert of a bucketed batch (the rows selected from their frame's cache in the same
+        program): the padding rows repeat row 0 and go into no slot."""
         pad = bucket(len(entries), self.max_slots, self.shards) - len(entries)
         rows = np.array([p.row for p, _ in entries] + [0] * pad)
-        cache = self.engine.select_rows(entries[0][0].cache, rows)
         inserts = [SlotInsert(slot, p.request.max_new_tokens, p.request.sampling) for p, slot in entries]
-        self.state = self.engine.insert(self.state, cache, inserts)
+        self.state = self.engine.insert(self.state, entries[0][0].cache, inserts, rows)
         for pending, slot in entries:
             request = pending.request
             request.admitted_frame = frame
