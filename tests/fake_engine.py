@@ -20,6 +20,7 @@ import numpy as np
 
 from oxygen_jax.engine import api
 from oxygen_jax.engine.batch_state import BatchState
+from oxygen_jax.engine.sampling import SamplingMode
 from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
 
 
@@ -28,6 +29,7 @@ class FakeEngine:
         self.config = config
         self.eos_id = eos_id
         self.data_size = 1
+        self.prompt_buckets = ()  # prefill reads the prompt columns as given
         self.calls: list[tuple[str, int]] = []
 
     def prefill(self, obs: Observation) -> PrefixCache:
@@ -65,6 +67,16 @@ class FakeEngine:
                 actions[row, : guided.delay] = guided.prev_chunk[: guided.delay]
         return actions
 
+    def act(
+        self,
+        obs: Observation,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[api.ChunkGuidance | None] = (),
+    ) -> tuple[PrefixCache, np.ndarray]:
+        cache = self.prefill(obs)
+        return cache, self.denoise(cache, noise, num_steps, guidance)
+
     def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
         columns = (prefix_len or self.config.prefix_len) + max_new_tokens
         slots = np.zeros(max_slots, np.int32)
@@ -97,7 +109,15 @@ class FakeEngine:
             last_hidden=cache.last_hidden[rows],
         )
 
-    def insert(self, state: BatchState, cache: PrefixCache, inserts: Sequence[api.SlotInsert]) -> BatchState:
+    def insert(
+        self,
+        state: BatchState,
+        cache: PrefixCache,
+        inserts: Sequence[api.SlotInsert],
+        rows: np.ndarray | None = None,
+    ) -> BatchState:
+        if rows is not None:
+            cache = self.select_rows(cache, rows)
         self.calls.append(("insert", cache.mask.shape[0]))
         columns = api.insert_columns(inserts, cache.mask.shape[0], state.max_slots)
         kept = columns["slots"] < state.max_slots
@@ -112,7 +132,7 @@ class FakeEngine:
         s.temperature[slots], s.top_p[slots] = columns["temperature"][kept], columns["top_p"][kept]
         return state.replace(**s.__dict__)
 
-    def decode(self, state: BatchState, num_steps: int) -> BatchState:
+    def decode(self, state: BatchState, num_steps: int, mode: SamplingMode) -> BatchState:
         self.calls.append(("decode", num_steps))
         s = _copy(state)
         for _ in range(num_steps):

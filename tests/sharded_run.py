@@ -13,6 +13,7 @@ from conftest import GOLDEN, golden_inputs
 
 from oxygen_jax import checkpoints, config
 from oxygen_jax.engine import mesh as mesh_lib
+from oxygen_jax.engine import sampling
 from oxygen_jax.engine.api import ChunkGuidance, SlotInsert
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.engine.engine import Engine
@@ -40,7 +41,7 @@ def engine_outputs(engine: Engine, obs, noise) -> dict:
     sampled = engine.generate(cache, TEXT, temperature=1.0, seed=3)
     state = engine.init_state(ROWS, TEXT, cache.mask.shape[1])
     state = engine.insert(state, cache, [SlotInsert(slot=i, max_new_tokens=TEXT) for i in range(ROWS)])
-    state = engine.decode(state, TEXT)
+    state = engine.decode(state, TEXT, sampling.GREEDY)
     return {
         "k": cache.k,
         "actions": actions,

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from oxygen_jax.engine import kernels
+from oxygen_jax.engine import kernels, sampling
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import gemma, pi05
 
@@ -78,7 +78,12 @@ def test_batched_decode_compiles_with_eigen_dots_on_cpu(golden_params, tiny_conf
     engine = Engine(golden_params, tiny_config)
     state = engine.init_state(4, 8, engine.config.prefix_len)
     decode = engine._decode.lower(
-        params=engine.params, config=engine.config, state=state, num_steps=jnp.int32(1), eos_id=engine.eos_id
+        params=engine.params,
+        config=engine.config,
+        state=state,
+        num_steps=1,
+        eos_id=engine.eos_id,
+        mode=sampling.GREEDY,
     )
     matvec = jax.jit(jnp.dot).lower(jnp.ones((4, 64)), jnp.ones((64, 64)))
     assert "__ynn_fusion" not in decode.compile().as_text()

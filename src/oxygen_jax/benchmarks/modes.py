@@ -59,9 +59,9 @@ class InFrame:
         obs = inputs.observation_from_arrays(arrays, config)
         actions, cache = [], None
         if self.act:
-            cache = engine.prefill(obs)
             noise = self._rng.standard_normal((1, config.action_horizon, config.action_dim), np.float32)
-            actions = list(np.asarray(engine.denoise(cache, noise, self.num_steps)))
+            cache, actions = engine.act(obs, noise, self.num_steps)
+            actions = list(np.asarray(actions))
         action_s = time.perf_counter() - start
         finished, steps = [], 0
         if lengths and self.language:

@@ -25,7 +25,7 @@ from oxygen_jax.runtime import runtime
 from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork
 from oxygen_jax.runtime.requests import TextRequest, TextResult
 from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
-from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler
+from oxygen_jax.runtime.scheduler import FrameInput, FrameScheduler, PendingActions
 
 SHARING = ("isolated", "shared")
 DECODING = ("frame", "async")
@@ -59,6 +59,10 @@ class CountingEngine:
         self.calls["prefill"] += 1
         return self._engine.prefill(*args, **kwargs)
 
+    def act(self, *args, **kwargs):
+        self.calls["prefill"] += 1  # prefill and denoise in one program
+        return self._engine.act(*args, **kwargs)
+
     def extend(self, *args, **kwargs):
         self.calls["extend"] += 1
         return self._engine.extend(*args, **kwargs)
@@ -71,9 +75,9 @@ class IsolatedTasks(FrameScheduler):
     """The baseline: the first task of an observation continues the action path's prefix; every other
     task pays its own prefill of the observation before its suffix is appended."""
 
-    def act(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+    def start_act(self, frame_inputs: list[FrameInput]) -> PendingActions:
         firsts = [dataclasses.replace(item, tasks=item.tasks[:1]) for item in frame_inputs]
-        actions = super().act(firsts)
+        actions = super().start_act(firsts)
         for item in frame_inputs:
             obs = inputs.observation_from_arrays(item.arrays, self.engine.config)
             for request, suffix in item.tasks[1:]:

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from oxygen_jax.benchmarks.spec import RunSpec, observation
+from oxygen_jax.engine import sampling
 from oxygen_jax.engine.api import SamplingParams, SlotInsert
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.models import gemma, inputs, pi05
@@ -214,7 +215,7 @@ def _decode_step_s(engine: Engine, cache, batch: int, max_new: int, steps: int =
     holder = [engine.insert(state, rows, inserts)]
 
     def call():
-        holder[0] = engine.decode(holder[0], steps)
+        holder[0] = engine.decode(holder[0], steps, sampling.GREEDY)
         return holder[0].done
 
     return _best_s(call, reps=25) / steps  # short calls: more repeats find an undisturbed one

@@ -123,15 +123,15 @@ def serve(
 
 
 def action_chunk(engine: Engine, spec: RunSpec) -> dict:
-    """One action chunk (prefill + denoise): a first call (with compilation), then a compiled one; the
-    peak memory of init, of the first call and of the compiled call alone."""
+    """One action chunk (prefill + denoise, `Engine.act`): a first call (with compilation), then a
+    compiled one; the peak memory of init, of the first call and of the compiled call alone."""
     obs = inputs.observation_from_arrays(observation(engine.config, spec.layout, 0), engine.config)
     noise = engine.noise(jax.random.key(spec.seed), 1)
     out = {"init_peak_memory_bytes": metrics.peak_memory_bytes()}
     for call in ("first_call", "chunk"):
         reset_peak_rss()
         start = time.perf_counter()
-        jax.block_until_ready(engine.denoise(engine.prefill(obs), noise, spec.num_steps))
+        jax.block_until_ready(engine.act(obs, noise, spec.num_steps))
         out[f"{call}_s"] = time.perf_counter() - start
         out[f"{call}_peak_memory_bytes"] = metrics.peak_memory_bytes()
     return out

@@ -17,6 +17,7 @@ import numpy as np
 from oxygen_jax.engine.batch_state import BatchState
 from oxygen_jax.engine.guidance import SCHEDULES, prefix_weights
 from oxygen_jax.engine.language import TextOutput
+from oxygen_jax.engine.sampling import SamplingMode
 from oxygen_jax.errors import InvalidArgumentError
 from oxygen_jax.models.pi05 import Observation, Pi05Config, PrefixCache
 
@@ -125,6 +126,7 @@ class RuntimeEngine(Protocol):
     config: Pi05Config
     eos_id: int
     data_size: int  # devices the rows split over: batches and slot counts are multiples of it
+    prompt_buckets: tuple[int, ...]  # widths prefill cuts prompts to (engine/prompt_buckets.py)
 
     def prefill(self, obs: Observation) -> PrefixCache:
         """One prefix pass over images and prompt."""
@@ -145,6 +147,15 @@ class RuntimeEngine(Protocol):
         """Actions [B, H, A] from noise [B, H, A]; reads the cache, never writes it. guidance[i] guides
         row i towards its previous chunk (real-time chunking); None, missing rows and () are plain."""
 
+    def act(
+        self,
+        obs: Observation,
+        noise: jax.Array,
+        num_steps: int = 10,
+        guidance: Sequence[ChunkGuidance | None] = (),
+    ) -> tuple[PrefixCache, jax.Array]:
+        """`prefill` then `denoise` in one call: (the prefix cache, the actions)."""
+
     def init_state(self, max_slots: int, max_new_tokens: int, prefix_len: int | None = None) -> BatchState:
         """An empty batch state: `max_slots` slots of up to `max_new_tokens` tokens on prefixes of up to
         `prefix_len` columns."""
@@ -152,11 +163,19 @@ class RuntimeEngine(Protocol):
     def select_rows(self, cache: PrefixCache, rows: np.ndarray) -> PrefixCache:
         """Rows of a prefix cache, in the order given."""
 
-    def insert(self, state: BatchState, cache: PrefixCache, inserts: Sequence[SlotInsert]) -> BatchState:
-        """Row i of `cache` into the slot inserts[i] names; rows beyond the inserts are padding."""
+    def insert(
+        self,
+        state: BatchState,
+        cache: PrefixCache,
+        inserts: Sequence[SlotInsert],
+        rows: np.ndarray | None = None,
+    ) -> BatchState:
+        """Row i of `cache` (or row rows[i]) into the slot inserts[i] names; rows beyond the inserts are
+        padding."""
 
-    def decode(self, state: BatchState, num_steps: int) -> BatchState:
-        """Up to `num_steps` tokens for every active, unfinished slot."""
+    def decode(self, state: BatchState, num_steps: int, mode: SamplingMode) -> BatchState:
+        """Up to `num_steps` tokens for every active, unfinished slot; `mode`: the sampling paths the
+        occupied slots need (known on the host from their requests)."""
 
     def evict(self, state: BatchState, slots: np.ndarray) -> BatchState:
         """Frees slots (indices outside [0, max_slots) are ignored)."""

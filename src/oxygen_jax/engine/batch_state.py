@@ -6,8 +6,12 @@ steady-state frames never recompile, whatever the number of active requests. A s
 frame's prefix K/V, so requests from different frames decode together in one batch.
 
 Each decode step samples the next token from the slot's last hidden state, records it, and (unless the
-request just finished) feeds it through the backbone, appending its K/V at column `write_idx`.
+request just finished) feeds it through the backbone, appending its K/V at column `write_idx`. A decode
+takes its step count and sampling mode as static values: its loop has a constant trip count and no
+branch, so XLA:GPU never copies a loop predicate or a condition to the host between steps.
 """
+
+import functools
 
 import flax.struct
 import jax
@@ -92,11 +96,15 @@ def insert(
     temperature: jax.Array,
     top_p: jax.Array,
     seeds: jax.Array,
+    rows: jax.Array | None = None,
 ) -> BatchState:
     """Puts prefix rows [B] into slots [B]; a slot index outside [0, S) skips that row (batch padding).
 
-    max_new, temperature, top_p: [B]; seeds: [B] integer seeds of each request's sampling stream.
+    max_new, temperature, top_p: [B]; seeds: [B] integer seeds of each request's sampling stream; rows:
+    [B] rows of `cache` to insert, gathered in the same program (None: every row, in order).
     """
+    if rows is not None:
+        cache = select_rows(cache, rows)
     prefix_len = cache.mask.shape[1]
     drop = {"mode": "drop"}
 
@@ -149,12 +157,14 @@ def evict(state: BatchState, slots: jax.Array) -> BatchState:
     )
 
 
-def _decode_step(params: dict, config: pi05.Pi05Config, eos_id: int, state: BatchState) -> BatchState:
+def _decode_step(
+    params: dict, config: pi05.Pi05Config, eos_id: int, mode: sampling.SamplingMode, state: BatchState
+) -> BatchState:
     rows = jnp.arange(state.max_slots)
     live = state.active & ~state.done
     logits = pi05.text_logits(params, config, state.hidden)
     split = jax.vmap(jax.random.split)(state.keys)
-    token = sampling.sample_tokens(logits, split[:, 1], state.temperature, state.top_p)
+    token = sampling.sample_tokens(logits, split[:, 1], state.temperature, state.top_p, mode)
     logprob = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
 
     out_col = jnp.where(live, state.n_generated, state.max_new_tokens)  # out of range: not written
@@ -184,7 +194,28 @@ def _decode_step(params: dict, config: pi05.Pi05Config, eos_id: int, state: Batc
 
 
 def decode(
-    params: dict, config: pi05.Pi05Config, state: BatchState, num_steps: jax.Array, eos_id: int = 1
+    params: dict,
+    config: pi05.Pi05Config,
+    state: BatchState,
+    num_steps: int,
+    eos_id: int = 1,
+    *,
+    mode: sampling.SamplingMode,
 ) -> BatchState:
-    """Advances every active, unfinished slot by up to `num_steps` tokens (a traced trip count)."""
-    return jax.lax.fori_loop(0, num_steps, lambda _, s: _decode_step(params, config, eos_id, s), state)
+    """Advances every active, unfinished slot by up to `num_steps` tokens (static: one program per count).
+
+    mode: the sampling paths the occupied slots need (`SamplingMode.of` their temperatures and top-p).
+    """
+    step = functools.partial(_decode_step, params, config, eos_id, mode)
+    return jax.lax.fori_loop(0, num_steps, lambda _, s: step(s), state)
+
+
+def step_chunks(num_steps: int) -> list[int]:
+    """`num_steps` as the decode programs that run it: its binary digits, largest first (10 -> [8, 2]),
+    so every count up to N runs on the log2(N) + 1 programs of `compiled_steps(N)`."""
+    return [1 << bit for bit in reversed(range(num_steps.bit_length())) if num_steps >> bit & 1]
+
+
+def compiled_steps(max_steps: int) -> list[int]:
+    """The step counts of the decode programs any count up to `max_steps` runs on."""
+    return [1 << bit for bit in range(max(max_steps, 0).bit_length())]

@@ -33,6 +33,19 @@ from oxygen_jax.models import gemma
 
 _EIGEN_DOTS = (("xla_cpu_experimental_ynn_fusion_type", ""),)
 
+CompilerOptions = tuple[tuple[str, str | bool | int], ...]
+
+# XLA:GPU options for the hot programs, to A/B on a GPU (not on by default: unmeasured). All three are
+# per-compile DebugOptions (jit's `compiler_options`), not process-wide XLA_FLAGS: command buffers (CUDA
+# graphs) over fusions, library calls and the decode / denoise loops, from graphs of one kernel on, so a
+# program is about one launch; and the latency-hiding scheduler. Switch with
+# `dataclasses.replace(policy, compiler_options=GPU_COMPILER_OPTIONS)`.
+GPU_COMPILER_OPTIONS: CompilerOptions = (
+    ("xla_gpu_enable_command_buffer", "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"),
+    ("xla_gpu_graph_min_graph_size", 1),
+    ("xla_gpu_enable_latency_hiding_scheduler", True),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelPolicy:
@@ -40,6 +53,8 @@ class KernelPolicy:
 
     matvec_split: cores a one-row matmul's contraction is spread over (1: a plain dot);
     decode_options: XLA compiler options for the batched decode step (pairs, so the policy hashes);
+    compiler_options: XLA compiler options for every hot program (prefill, act, denoise, decode), e.g.
+    `GPU_COMPILER_OPTIONS`;
     unroll_loops: the flow loop fully unrolled (one straight program, no loop at all), else a loop of
     compile-time length (`pi05.integrate_flow`);
     attention_impl: "blocks", "concat" or "cudnn", how `attention` runs (see the module docstring; not
@@ -47,7 +62,8 @@ class KernelPolicy:
     """
 
     matvec_split: int = 1
-    decode_options: tuple[tuple[str, str], ...] = ()
+    decode_options: CompilerOptions = ()
+    compiler_options: CompilerOptions = ()
     unroll_loops: bool = False
     attention_impl: str = "concat"
 
@@ -113,7 +129,7 @@ def _cpu_threads() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def _supported(options: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+def _supported(options: CompilerOptions) -> CompilerOptions:
     """`options` if this XLA compiles with them, else none."""
     try:
         jax.jit(jnp.dot, compiler_options=dict(options)).lower(jnp.ones((2, 2)), jnp.ones((2, 2))).compile()

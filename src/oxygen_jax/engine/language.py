@@ -4,7 +4,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from oxygen_jax.engine import batch_state
+from oxygen_jax.engine import batch_state, sampling
 from oxygen_jax.models import pi05
 
 
@@ -28,16 +28,19 @@ def generate(
     top_p: jax.Array,
     seeds: jax.Array,
     eos_id: int = 1,
+    *,
+    mode: sampling.SamplingMode,
 ) -> TextOutput:
     """Decodes every prefix row to completion: a batch state of B slots, filled and run N steps.
 
     This is the same insert + decode the continuous-batching scheduler uses, so text generated alone
-    and text generated in a shared batch come from one implementation.
+    and text generated in a shared batch come from one implementation. mode: the sampling paths the
+    rows need (static, `SamplingMode.of` their temperatures and top-p).
     """
     batch = cache.mask.shape[0]
     state = batch_state.init_state(config, batch, max_new_tokens, cache.mask.shape[1])
     state = batch_state.insert(state, cache, jnp.arange(batch), max_new, temperature, top_p, seeds)
-    state = batch_state.decode(params, config, state, max_new_tokens, eos_id)
+    state = batch_state.decode(params, config, state, max_new_tokens, eos_id, mode=mode)
     return TextOutput(tokens=state.tokens, logprobs=state.logprobs, lengths=state.n_generated)
 
 

@@ -1,11 +1,35 @@
 """Next-token choice per row: greedy at temperature 0, else temperature + nucleus (top-p) sampling.
 
-The sampling path (a sort over the vocabulary for top-p, Gumbel noise) only runs when some row samples,
-so all-greedy batches pay for one argmax.
+Which paths a batch needs is known on the host when its requests are inserted, so it is a static
+`SamplingMode` and no program branches on the device (a device-side condition costs XLA:GPU a copy of
+the predicate to the host): an all-greedy batch compiles to one argmax, and the sort over the vocabulary
+for top-p only runs in programs where some row asks for it.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingMode:
+    """The token paths one decode compiles: `sample` when some row has temperature > 0, and with it
+    `top_p` when some row has top_p < 1 (the filter then runs over every row, as one batched sort)."""
+
+    sample: bool = False
+    top_p: bool = False
+
+    @classmethod
+    def of(cls, temperature, top_p) -> "SamplingMode":
+        """The mode of rows with these host-side temperatures and top-p values (scalars or sequences)."""
+        sample = bool((np.asarray(temperature) > 0).any())
+        return cls(sample, sample and bool((np.asarray(top_p) < 1.0).any()))
+
+
+GREEDY = SamplingMode()
+MODES = (GREEDY, SamplingMode(sample=True), SamplingMode(sample=True, top_p=True))
 
 
 def top_p_filter(logits: jax.Array, top_p: jax.Array) -> jax.Array:
@@ -18,22 +42,16 @@ def top_p_filter(logits: jax.Array, top_p: jax.Array) -> jax.Array:
     return jnp.where(logits >= threshold, logits, -jnp.inf)
 
 
-def _sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
+def sample_tokens(
+    logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array, mode: SamplingMode
+) -> jax.Array:
+    """logits [S, V] float32, keys [S] PRNG keys, temperature/top_p [S] -> token ids [S] int32; rows at
+    temperature 0 take the argmax whatever the mode."""
+    greedy = jnp.argmax(logits, axis=-1)
+    if not mode.sample:
+        return greedy.astype(jnp.int32)
     scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
-    scaled = jax.lax.cond(jnp.any(top_p < 1.0), top_p_filter, lambda x, _: x, scaled, top_p)
+    if mode.top_p:
+        scaled = top_p_filter(scaled, top_p)
     sampled = jax.vmap(jax.random.categorical)(keys, scaled)
-    return jnp.where(temperature > 0, sampled, jnp.argmax(logits, axis=-1))
-
-
-def sample_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: jax.Array) -> jax.Array:
-    """logits [S, V] float32, keys [S] PRNG keys, temperature/top_p [S] -> token ids [S] int32."""
-    tokens = jax.lax.cond(
-        jnp.any(temperature > 0),
-        _sample,
-        lambda x, *_: jnp.argmax(x, axis=-1),
-        logits,
-        keys,
-        temperature,
-        top_p,
-    )
-    return tokens.astype(jnp.int32)
+    return jnp.where(temperature > 0, sampled, greedy).astype(jnp.int32)

@@ -22,7 +22,7 @@ import ml_collections
 import numpy as np
 
 from oxygen_jax import checkpoints, config
-from oxygen_jax.engine import mesh
+from oxygen_jax.engine import mesh, prompt_buckets
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError, InvalidRequest
@@ -300,6 +300,16 @@ class Policy:
         actions, text, timing = self.execute(prepared)
         return {**self.finish(prepared, actions, text), "policy_timing": timing}
 
+    def warmup(self, obs: Mapping[str, Any]) -> None:
+        """`infer` on `obs`, and its action path once per prompt width the engine may cut a prompt to
+        (`engine/prompt_buckets.py`), so no prompt length compiles later."""
+        self.infer(obs)
+        prepared = self.prepare(obs)
+        shape = prepared.arrays["tokenized_prompt_mask"].shape
+        for mask in prompt_buckets.filled_masks(shape, self.engine.prompt_buckets):
+            arrays = {**prepared.arrays, "tokenized_prompt_mask": mask}
+            self.execute(dataclasses.replace(prepared, arrays=arrays, texts=()))
+
     def execute(
         self, prepared: PreparedRequest
     ) -> tuple[np.ndarray, dict[str | None, Speech] | None, dict[str, float]]:
@@ -314,10 +324,14 @@ class Policy:
             if prepared.noise is None
             else prepared.noise
         )
-        cache = self.engine.prefill(observation)
-        rows = cache if samples == 1 else self.engine.select_rows(cache, np.zeros(samples, np.int32))
         guidance = () if prepared.guidance is None else (prepared.guidance,) * samples
-        chunks = np.asarray(self.engine.denoise(rows, noise, self.num_steps, guidance))
+        if samples == 1:
+            cache, chunks = self.engine.act(observation, noise, self.num_steps, guidance)
+        else:
+            cache = self.engine.prefill(observation)
+            rows = self.engine.select_rows(cache, np.zeros(samples, np.int32))
+            chunks = self.engine.denoise(rows, noise, self.num_steps, guidance)
+        chunks = np.asarray(chunks)
         actions = chunks[self._densest(prepared, chunks)]
         timing = {"infer_ms": (time.monotonic() - start) * 1000}
         text = self._speak(cache, prepared.texts) if prepared.texts else None

@@ -10,7 +10,9 @@ is idle between their requests. `DeviceLoop` takes two classes of work from othe
 - language (`mode="async"`): whenever no observation is ready, one decode chunk of k steps over every
   running request (`FrameScheduler.decode_chunk`), its tokens streamed by the output thread; and at
   least one chunk between two batches of observations, so robots that call back to back cannot starve
-  language. k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
+  language. That owed chunk is dispatched before the batch's actions are pulled to the host, so the
+  device decodes while the host copies the actions and hands out the replies.
+  k comes from the scheduler's k policy (`DelayBoundK` keeps a chunk within the action delay
   it allows), so an observation that arrives during a chunk waits at most that chunk; the chunk owed
   between two batches takes `owed_k` steps when set (the frame loop's k: with no idle time, the loop
   then spends what the frame loop spends on language, and no more).
@@ -273,7 +275,7 @@ class DeviceLoop:
             result = self.scheduler.step(inputs)
             self.output.push_events(result.events)  # before the replies, as the frame produced them
             return result.actions
-        return self.scheduler.act_only(inputs)
+        return self.scheduler.act_only(inputs, then_chunk=True, k=self.owed_k)
 
     def _run_alone(self, frame_input: FrameInput) -> tuple[np.ndarray | None, Exception | None]:
         try:

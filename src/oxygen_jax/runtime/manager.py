@@ -12,7 +12,8 @@ import numpy as np
 
 from oxygen_jax.engine import mesh
 from oxygen_jax.engine.api import RuntimeEngine, SlotInsert
-from oxygen_jax.engine.batch_state import BatchState, state_bytes
+from oxygen_jax.engine.batch_state import BatchState, compiled_steps, state_bytes
+from oxygen_jax.engine.sampling import MODES, SamplingMode
 from oxygen_jax.models.pi05 import PrefixCache
 from oxygen_jax.runtime.requests import RequestStatus, TextRequest, TextResult, TokenEvent
 
@@ -143,12 +144,12 @@ class KVCacheManager:
                 pending.row = 0
 
     def _insert(self, entries: list[tuple[_Pending, int]], frame: int) -> None:
-        """One insert of a bucketed batch: the padding rows repeat row 0 and go into no slot."""
+        """One insert of a bucketed batch (the rows selected from their frame's cache in the same
+        program): the padding rows repeat row 0 and go into no slot."""
         pad = bucket(len(entries), self.max_slots, self.shards) - len(entries)
         rows = np.array([p.row for p, _ in entries] + [0] * pad)
-        cache = self.engine.select_rows(entries[0][0].cache, rows)
         inserts = [SlotInsert(slot, p.request.max_new_tokens, p.request.sampling) for p, slot in entries]
-        self.state = self.engine.insert(self.state, cache, inserts)
+        self.state = self.engine.insert(self.state, entries[0][0].cache, inserts, rows)
         for pending, slot in entries:
             request = pending.request
             request.admitted_frame = frame
@@ -159,7 +160,22 @@ class KVCacheManager:
     # --- decoding ---
     def decode(self, num_steps: int) -> None:
         if self.active and num_steps > 0:
-            self.state = self.engine.decode(self.state, num_steps)
+            self.state = self.engine.decode(self.state, num_steps, self.sampling_mode())
+
+    def sampling_mode(self) -> SamplingMode:
+        """The sampling paths the occupied slots need, from their requests (the host's copy of what the
+        state holds), so decode compiles no device-side branch."""
+        rows = [request.sampling for request in self._slot_request if request is not None]
+        return SamplingMode.of([r.temperature for r in rows], [r.top_p for r in rows])
+
+    def compile_decode(self) -> None:
+        """Runs every decode program steady state can call (each step count of `compiled_steps`, each
+        sampling mode) on the state, where no slot is occupied: compiled, and the state unchanged."""
+        if self.active:
+            raise RuntimeError("compile_decode needs an empty manager")
+        for steps in compiled_steps(self.max_new_tokens):
+            for mode in MODES:
+                self.state = self.engine.decode(self.state, steps, mode)
 
     def harvest(self, frame: int) -> list[TokenEvent]:
         """One event per slot with new tokens or done (done slots are evicted)."""

@@ -230,9 +230,8 @@ class Runtime:
         scheduler = self._scheduler
         if scheduler.manager.max_slots:
             scheduler.warmup(example)
-        else:  # actions only: every prefill batch size
-            for size in range(1, scheduler.max_prefill_batch + 1):
-                scheduler.act([FrameInput(example)] * size)
+        else:  # actions only
+            scheduler.warm_up_actions(example)
         if self._guided:
             scheduler.warm_up_guided(example)
 

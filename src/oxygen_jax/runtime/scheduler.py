@@ -17,10 +17,12 @@ batch state like any other request (the state reserves `task_suffix_len` columns
 import dataclasses
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
 
+from oxygen_jax.engine import prompt_buckets
 from oxygen_jax.engine.api import ChunkGuidance, RuntimeEngine
 from oxygen_jax.models import inputs
 from oxygen_jax.runtime.k_policy import FixedK, KPolicy
@@ -69,6 +71,24 @@ class FrameResult:
     events: list[TokenEvent] = dataclasses.field(default_factory=list)
 
 
+@dataclasses.dataclass
+class PendingActions:
+    """Actions dispatched and not yet on the host: [B, H, A] on the device, the first `inputs` rows real."""
+
+    actions: Any
+    inputs: int
+
+
+@dataclasses.dataclass
+class StartedDecode:
+    """A decode dispatched and not yet harvested."""
+
+    k: int
+    decode_batch: int  # active slots
+    tokens_before: int
+    start: float
+
+
 class FrameScheduler:
     def __init__(
         self,
@@ -93,13 +113,19 @@ class FrameScheduler:
         self.max_prefill_batch = max_prefill_batch
         self.frame = 0
         self._rng = np.random.default_rng(seed)
+        self._chunk_after_act: tuple[int | None, int] | None = None  # (k, admission frame) for `act`
+        self._started: StartedDecode | None = None  # a decode dispatched and not yet harvested
 
     def step(self, frame_inputs: list[FrameInput]) -> FrameResult:
+        """One frame: the actions, then decode(k). `act` dispatches the decode before it pulls the actions
+        to the host, so the device runs it while the host copies the actions; decode_s is what the frame
+        waits for it after that."""
         start = time.perf_counter()
-        actions = self.act(frame_inputs) if frame_inputs else []
+        actions = self._act_then_chunk(frame_inputs, None, self.frame) if frame_inputs else []
         action_s = time.perf_counter() - start
-        self.manager.admit(self.frame)
-        k = self.k_policy.choose() if self.manager.active else 0
+        if self._started is None:
+            self._started = self._start_chunk(None, self.frame)
+        k = self._started.k
         chunk = self.advance(k)
         total_s = time.perf_counter() - start
         self.k_policy.observe_decode(k, chunk.decode_s)
@@ -120,50 +146,89 @@ class FrameScheduler:
         self.frame += 1
         return result
 
-    def act_only(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
+    def act_only(
+        self, frame_inputs: list[FrameInput], then_chunk: bool = False, k: int | None = None
+    ) -> list[np.ndarray]:
         """A frame of actions alone (the device loop's async mode, where language runs in its own
-        chunks): `act`, and the frame counter moves on."""
-        actions = self.act(frame_inputs)
+        chunks): `act`, and the frame counter moves on. then_chunk: the decode chunk of `k` steps (None:
+        the k policy's choice) that follows these actions is dispatched before they are pulled to the host;
+        the next `decode_chunk` harvests it."""
+        if then_chunk:
+            actions = self._act_then_chunk(frame_inputs, k, self.frame + 1)
+        else:
+            actions = self.act(frame_inputs)
         self.frame += 1
         return actions
 
     def decode_chunk(self, k: int | None = None) -> tuple[DecodeChunk, float]:
         """A frame of language alone: admit what is queued, decode `k` steps (None: the k policy's choice)
-        and harvest; the k policy learns what the chunk cost. Returns the chunk and its seconds (decode and
-        harvest)."""
-        self.manager.admit(self.frame)
-        k = self.k_policy.choose() if k is None else k
-        start = time.perf_counter()
-        chunk = self.advance(k)
+        and harvest, or harvest the chunk `act_only` dispatched; the k policy learns what the chunk cost.
+        Returns the chunk and its seconds (from dispatch, or from when the actions were on the host, to the
+        end of its harvest)."""
+        if self._started is None:
+            self._started = self._start_chunk(k, self.frame)
+        start = self._started.start
+        chunk = self.advance(self._started.k)
         chunk_s = time.perf_counter() - start
         self.k_policy.observe_decode(chunk.k, chunk_s)
         self.frame += 1
         return chunk, chunk_s
 
     def advance(self, k: int) -> DecodeChunk:
-        """decode(k) for every active slot (admitted requests only), then harvest: new tokens and done
-        requests as events (done ones evicted)."""
-        decode_batch = self.manager.active
-        tokens_before = self.manager.tokens_generated
-        start = time.perf_counter()
-        if k and decode_batch:
-            self.manager.decode(k)
-            jax.block_until_ready(self.manager.state.done)
-        decode_s = time.perf_counter() - start
+        """decode(k) for every active slot (admitted requests only), unless `act` dispatched it already,
+        then harvest: new tokens and done requests as events (done ones evicted). The harvest's transfer
+        to the host is the one wait."""
+        started, self._started = self._started, None
+        if started is None:
+            started = self._start_decode(k)
         events = self.manager.harvest(self.frame)
-        new_tokens = self.manager.tokens_generated - tokens_before
         return DecodeChunk(
-            k=k if decode_batch else 0,
-            decode_batch=decode_batch,
-            new_tokens=new_tokens,
+            k=started.k if started.decode_batch else 0,
+            decode_batch=started.decode_batch,
+            new_tokens=self.manager.tokens_generated - started.tokens_before,
             events=events,
-            decode_s=decode_s,
+            decode_s=time.perf_counter() - started.start,
         )
 
+    def _start_chunk(self, k: int | None, frame: int) -> StartedDecode:
+        """Admits what is queued (as of `frame`) and dispatches decode(k) (None: the k policy's choice)."""
+        self.manager.admit(frame)
+        if k is None:
+            k = self.k_policy.choose() if self.manager.active else 0
+        return self._start_decode(k)
+
+    def _start_decode(self, k: int) -> StartedDecode:
+        started = StartedDecode(k, self.manager.active, self.manager.tokens_generated, time.perf_counter())
+        if k and started.decode_batch:
+            self.manager.decode(k)
+        return started
+
+    def _act_then_chunk(self, frame_inputs: list[FrameInput], k: int | None, frame: int) -> list[np.ndarray]:
+        """`act`, with the decode chunk that follows it (admitted as of `frame`) dispatched before the
+        actions are pulled to the host."""
+        self._chunk_after_act = (k, frame)
+        try:
+            return self.act(frame_inputs)
+        finally:
+            self._chunk_after_act = None
+
     def act(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
-        """Prefill + denoise: one action chunk per input, on the host. The inputs' language requests are
-        queued on the same prefix cache (`manager.admit` moves them into slots). A batch with a guided input
-        runs the engine's guided program once, its other rows (and padding) unguided; else the plain one."""
+        """Prefill + denoise (one program, `Engine.act`): one action chunk per input, on the host; the
+        decode chunk `_act_then_chunk` asks for is dispatched before the pull."""
+        pending = self.start_act(frame_inputs)
+        language = self.manager.active or self.manager.queued
+        if self._chunk_after_act is not None and self._started is None and language:
+            self._started = self._start_chunk(*self._chunk_after_act)
+        actions = self.engine.to_host(pending.actions)[: pending.inputs]
+        if self._started is not None:
+            self._started.start = time.perf_counter()  # the chunk's cost is what remains of it now
+        return list(actions)
+
+    def start_act(self, frame_inputs: list[FrameInput]) -> PendingActions:
+        """Dispatches prefill + denoise (`Engine.act`) and leaves the actions on the device. The inputs'
+        language requests are queued on the same prefix cache (`manager.admit` moves them into slots). A
+        batch with a guided input runs the engine's guided program once, its other rows (and padding)
+        unguided; else the plain one."""
         n = len(frame_inputs)
         size = bucket(n, self.max_prefill_batch, self.engine.data_size)
         rows = list(range(n)) + [n - 1] * (size - n)  # padding repeats a real row
@@ -174,9 +239,8 @@ class FrameScheduler:
         obs = jax.tree.map(lambda *column: np.concatenate(column), *[observations[r] for r in rows])
         noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
         guidance = [item.guidance for item in frame_inputs]
-        cache = self.engine.prefill(obs)
         guided = guidance if any(row is not None for row in guidance) else ()
-        actions = self.engine.to_host(self.engine.denoise(cache, noise, self.num_steps, guided))[:n]
+        cache, actions = self.engine.act(obs, noise, self.num_steps, guided)
         queued = [(request, cache, row) for row, item in enumerate(frame_inputs) for request in item.requests]
         tasks = [
             (request, suffix, row) for row, item in enumerate(frame_inputs) for request, suffix in item.tasks
@@ -195,7 +259,7 @@ class FrameScheduler:
             self.manager.check(request, source)
         for request, source, row in queued:
             self.manager.submit(request, source, row, self.frame)
-        return list(actions)
+        return PendingActions(actions, n)
 
     def _noise(self, item: FrameInput) -> np.ndarray:
         if item.noise is not None:
@@ -208,22 +272,37 @@ class FrameScheduler:
         data = self.engine.data_size
         return sorted({bucket(n, self.max_prefill_batch, data) for n in range(1, self.max_prefill_batch + 1)})
 
+    def prompt_variants(self, example: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+        """The example once per prompt width the engine's prefill may cut a batch to
+        (`prompt_buckets.widths`), its prompt filling that width, so warm-up compiles every one."""
+        shape = np.shape(example["tokenized_prompt_mask"])
+        masks = prompt_buckets.filled_masks(shape, self.engine.prompt_buckets)
+        return [{**example, "tokenized_prompt_mask": mask} for mask in masks]
+
+    def warm_up_actions(self, example: dict[str, np.ndarray]) -> None:
+        """Compiles the action path for every prefill size and prompt width."""
+        for variant in self.prompt_variants(example):
+            for size in self.prefill_sizes():
+                self.act([FrameInput(variant) for _ in range(size)])
+
     def warm_up_guided(self, example: dict[str, np.ndarray]) -> None:
-        """Compiles the guided denoiser for every prefill size (one guided row, the others plain), so
-        robots with real-time chunking join and leave without compiling."""
+        """Compiles the guided denoiser for every prefill size and prompt width (one guided row, the others
+        plain), so robots with real-time chunking join and leave without compiling."""
         config = self.engine.config
         prev_chunk = np.zeros((config.action_horizon, config.action_dim), np.float32)
-        guided = FrameInput(example, guidance=ChunkGuidance(prev_chunk, 1, config.action_horizon))
-        for size in self.prefill_sizes():
-            self.act([guided] + [FrameInput(example) for _ in range(size - 1)])
+        for variant in self.prompt_variants(example):
+            guided = FrameInput(variant, guidance=ChunkGuidance(prev_chunk, 1, config.action_horizon))
+            for size in self.prefill_sizes():
+                self.act([guided] + [FrameInput(variant) for _ in range(size - 1)])
 
     def warmup(self, example: dict[str, np.ndarray]) -> None:
         """Sizes the batch state to the example's prefix (its masked cameras are left out, as in every
-        frame of that robot), compiles every shape steady state can meet (each prefill bucket, each
-        insert bucket, decode, evict) and leaves the manager empty. `example`: one observation's arrays
-        (batch dim 1)."""
+        frame of that robot), compiles every shape steady state can meet (each prefill bucket and prompt
+        width, each insert bucket, every decode program, evict) and leaves the manager empty. `example`: one
+        observation's arrays (batch dim 1)."""
         obs = inputs.observation_from_arrays(example, self.engine.config)
         self.manager.fit_prefix(self.engine.prefix_len(obs) + self.task_suffix_len)
+        self.manager.compile_decode()
         data = self.engine.data_size
         sizes = self.prefill_sizes()
         slots = self.manager.max_slots
@@ -249,6 +328,7 @@ class FrameScheduler:
             self._drain()
         if self.max_frame_tasks:
             self._warm_up_tasks(example, sizes, request_id)
+        self.warm_up_actions(example)
         self.k_policy = saved_policy
         self.frame = 0
 

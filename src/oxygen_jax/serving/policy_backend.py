@@ -95,7 +95,7 @@ class PolicyServerBackend:
     def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
         """Compiles what a request runs, on `obs` (default: the robot's blank observation)."""
         with self._lock:
-            self._policy.infer(self._policy.io.spec.example() if obs is None else obs)
+            self._policy.warmup(self._policy.io.spec.example() if obs is None else obs)
             self._ready = True
         if self.metrics is not None:
             self.metrics.warmed_up()
