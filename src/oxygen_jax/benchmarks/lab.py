@@ -64,13 +64,8 @@ class Clock:
 
 
 def timed(fn: Callable[[], object], repeats: int) -> dict[str, float]:
-    """Best and median ms of `repeats` calls after a warm one (each call ends when its output is ready)."""
-    jax.block_until_ready(fn())
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
+    """Best and median ms of `repeats` calls after a warm one."""
+    times = roofline.call_seconds(fn, repeats)
     return {"min_ms": min(times) * 1e3, "median_ms": statistics.median(times) * 1e3}
 
 

@@ -24,15 +24,20 @@ from oxygen_jax.models import gemma, inputs, pi05
 from oxygen_jax.models.pi05 import Pi05Config
 
 
-def _best_s(fn, reps: int = 7) -> float:
-    """Fastest of `reps` calls after a warm one: on a shared machine, the least disturbed repeat."""
+def call_seconds(fn, reps: int) -> list[float]:
+    """Seconds of each of `reps` calls after a warm one (a call ends when its output is ready)."""
     jax.block_until_ready(fn())
     times = []
     for _ in range(reps):
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
+
+
+def _best_s(fn, reps: int = 7) -> float:
+    """Fastest of `reps` calls after a warm one: on a shared machine, the least disturbed repeat."""
+    return min(call_seconds(fn, reps))
 
 
 def _backbone_mlps(engine: Engine) -> list[dict]:
