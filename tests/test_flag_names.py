@@ -127,4 +127,5 @@ def test_the_default_configs_follow_the_one_rule(tools):
         "eval_droid": "pi05_droid",
         "benchmark": "pi05_cpu",
         "make_demo_dataset": None,
+        "gpu_lab": None,
     }

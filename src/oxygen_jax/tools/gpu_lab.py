@@ -3,6 +3,8 @@
 
   python -m oxygen_jax.tools.gpu_lab --out=DIR                       # pi05_libero, then pi05_aloha
   python -m oxygen_jax.tools.gpu_lab --smoke --out=DIR               # pi05_tiny on CPU, about a minute
+
+It has no default config of the one-model kind: `--configs` lists the models it runs in order.
 """
 
 import datetime
