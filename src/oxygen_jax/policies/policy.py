@@ -414,8 +414,11 @@ class Policy:
         """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as
         [samples, H, action_dim]."""
         try:
-            noise = np.asarray(noise)  # a ValueError for ragged lists
-            arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
+            array = np.asarray(noise)
+        except ValueError:  # a ragged list
+            raise InvalidRequest("'noise': expected a float array, got a ragged list") from None
+        arrays = {"noise": array[None] if array.ndim == 2 else array}
+        try:
             return _inputs.noise_from_arrays(arrays, self.engine.config, samples)
         except ValueError as error:  # the request's noise, not the model, is wrong
             raise InvalidRequest(" ".join(str(error).split())) from error
