@@ -253,7 +253,7 @@ class Policy:
         state = arrays["state"][0]
         return PreparedRequest(arrays, checked.noise, noise_seed, texts, state, guidance, checked.samples)
 
-    def check_options(self, options: RequestOptions, *, max_tasks: int | None = None) -> "CheckedOptions":
+    def check_options(self, options: RequestOptions, *, max_tasks: int | None = None) -> CheckedOptions:
         """A request's options checked against this policy (`InvalidRequest` for the first that is wrong),
         before any of its observation is transformed: the text budget, sampling, text tasks (each
         instruction tokenized to check its length), samples and noise."""
