@@ -15,9 +15,11 @@ import pytest
 from conftest import OPENPI_CLIENT_WARNING, http_get, openpi_client, raw_observation, serve_script, websocket
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.request_decoding import MAX_CONTAINERS, BadRequestError, decode_request
+from oxygen_jax.serving.request_schema import CheckedRequest
 from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
@@ -182,6 +184,13 @@ def test_readyz_says_ready_only_with_a_ready_backend_and_a_free_robot_slot():
 # --- 3. request preparation: one robot's cannot delay another's ---
 
 
+class AnyRequest:
+    """A request schema that takes every request as it is."""
+
+    def check(self, request: dict) -> CheckedRequest:
+        return CheckedRequest(request, RequestOptions(), None, None)
+
+
 class BlockingPrepareSession:
     """A session whose preparation of the robot sending `slow` waits until another robot's request was
     answered (at most 10 s): behind one shared prepare thread it would wait in vain."""
@@ -191,6 +200,7 @@ class BlockingPrepareSession:
     def __init__(self) -> None:
         self.other_answered = threading.Event()
         self.slow_saw_other_answered: bool | None = None
+        self.schema = AnyRequest()
 
     def submit(self, request: Any, answer: Callable[[dict], None]) -> None:
         if "slow" in request.obs:

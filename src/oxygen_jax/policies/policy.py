@@ -135,6 +135,17 @@ class TextPlan:
 
 
 @dataclasses.dataclass(frozen=True)
+class CheckedOptions:
+    """A request's options as `Policy.check_options` found them: the language requests it starts (seeds
+    still 0: `prepare` draws them), the action chunks to draw and the noise [samples, H, action_dim]
+    float32, or None."""
+
+    texts: tuple[TextPlan, ...]
+    samples: int
+    noise: np.ndarray | None
+
+
+@dataclasses.dataclass(frozen=True)
 class PreparedRequest:
     """A raw request after `Policy.prepare`: everything the runtime needs and nothing of the robot's own.
 
@@ -223,16 +234,10 @@ class Policy:
         *,
         max_tasks: int | None = None,
     ) -> PreparedRequest:
-        """Checks and transforms one raw request (`InvalidRequest` names what is wrong): the robot's input
-        transforms, tokenizing, its text tasks and noise. max_tasks: the most text tasks it may carry."""
-        budget = self.text_budget(options.prompt_for_text, options.max_text_tokens)
-        temperature = self.text_temperature(options.temperature)
-        top_p = self.text_top_p(options.top_p)
-        tasks = None if options.text_tasks is None else parse_text_tasks(options.text_tasks)
-        if tasks is not None and max_tasks is not None and len(tasks) > max_tasks:
-            limit = f"at most {max_tasks} tasks, got {len(tasks)}" if max_tasks else "none accepted here"
-            raise InvalidRequest(f"text_tasks: {limit}")
-        # Every check on sizes above and in `RobotIO` runs before anything is tokenized.
+        """Checks and transforms one raw request (`InvalidRequest` names what is wrong): its options
+        (`check_options`), then the robot's input transforms (which check the observation first) and
+        tokenizing. max_tasks: the most text tasks it may carry."""
+        checked = self.check_options(options, max_tasks=max_tasks)
         guidance = options.guidance
         if isinstance(guidance, ExecutedChunkGuidance):
             unbatched, executed = self.io.inputs_and_actions(obs, guidance.executed)
@@ -240,12 +245,26 @@ class Policy:
         else:
             unbatched = self.model_inputs(obs)
         arrays = {key: np.asarray(value)[None] for key, value in unbatched.items()}
+        with self._rng_lock:
+            noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
+        texts = tuple(
+            dataclasses.replace(plan, seed=(text_seed + i) % 2**31) for i, plan in enumerate(checked.texts)
+        )
+        state = arrays["state"][0]
+        return PreparedRequest(arrays, checked.noise, noise_seed, texts, state, guidance, checked.samples)
+
+    def check_options(self, options: RequestOptions, *, max_tasks: int | None = None) -> CheckedOptions:
+        """A request's options checked against this policy (`InvalidRequest` for the first that is wrong),
+        before any of its observation is transformed: the text budget, sampling, text tasks (each
+        instruction tokenized to check its length), samples and noise."""
+        budget = self.text_budget(options.prompt_for_text, options.max_text_tokens)
+        temperature = self.text_temperature(options.temperature)
+        top_p = self.text_top_p(options.top_p)
+        tasks = None if options.text_tasks is None else parse_text_tasks(options.text_tasks, max_tasks)
         samples = integer_option(options.samples, "samples")
         if samples is None or not 1 <= samples <= MAX_SAMPLES:
             raise InvalidRequest(f"samples must lie in [1, {MAX_SAMPLES}], got {samples}")
         noise = None if options.noise is None else self.action_noise(options.noise, samples)
-        with self._rng_lock:
-            noise_seed, text_seed = (int(s) for s in self._rng.integers(2**31, size=2))
         texts: tuple[TextPlan, ...] = ()
         if tasks is not None:
             texts = tuple(
@@ -258,15 +277,15 @@ class Policy:
                     ),
                     temperature if task.temperature is None else self.text_temperature(task.temperature),
                     top_p,
-                    (text_seed + i) % 2**31,
+                    seed=0,
                 )
-                for i, task in enumerate(tasks)
+                for task in tasks
             )
             if not budget:
                 texts = ()  # no text for this request (max_text_tokens=0 or prompt_for_text=False)
         elif budget:
-            texts = (TextPlan(None, (), budget, temperature, top_p, text_seed),)
-        return PreparedRequest(arrays, noise, noise_seed, texts, arrays["state"][0], guidance, samples)
+            texts = (TextPlan(None, (), budget, temperature, top_p, seed=0),)
+        return CheckedOptions(texts, samples, noise)
 
     def finish(
         self,
@@ -408,8 +427,11 @@ class Policy:
     def action_noise(self, noise: np.ndarray, samples: int = 1) -> np.ndarray:
         """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as
         [samples, H, action_dim]."""
-        noise = np.asarray(noise)
-        arrays = {"noise": noise[None] if noise.ndim == 2 else noise}
+        try:
+            array = np.asarray(noise)
+        except ValueError:  # a ragged list
+            raise InvalidRequest("'noise': expected a float array, got a ragged list") from None
+        arrays = {"noise": array[None] if array.ndim == 2 else array}
         try:
             return _inputs.noise_from_arrays(arrays, self.engine.config, samples)
         except ValueError as error:  # the request's noise, not the model, is wrong

@@ -51,7 +51,7 @@ def integer_option(value: Any, name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, _NOT_NUMBERS) or not isinstance(value, _INTEGERS):
-        raise InvalidRequest(f"{name!r}: expected an integer, got {_kind(value)}")
+        raise InvalidRequest(f"{name!r}: expected an integer, got {value_kind(value)}")
     return int(value)
 
 
@@ -60,14 +60,17 @@ def number_option(value: Any, name: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, _NOT_NUMBERS) or not isinstance(value, _NUMBERS):
-        raise InvalidRequest(f"{name!r}: expected a number, got {_kind(value)}")
+        raise InvalidRequest(f"{name!r}: expected a number, got {value_kind(value)}")
     number = float(value)
     if not math.isfinite(number):
         raise InvalidRequest(f"{name!r}: expected a finite number, got {number}")
     return number
 
 
-def _kind(value: Any) -> str:
-    """The value's type, and the value itself when short (e.g. `str '5'`, `float 2.7`)."""
+def value_kind(value: Any) -> str:
+    """The value's type, and the value itself when short and on one line (e.g. `str '5'`, `float 2.7`),
+    for a refusal to name what it got."""
     shown = repr(value)
-    return f"{type(value).__name__} {shown}" if len(shown) <= 20 else type(value).__name__
+    return (
+        f"{type(value).__name__} {shown}" if len(shown) <= 20 and "\n" not in shown else type(value).__name__
+    )

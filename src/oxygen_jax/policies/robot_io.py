@@ -90,9 +90,7 @@ class RobotIO:
         this robot executes) in this observation's model space [H, action_dim]: the input direction of the
         action transforms, as training makes its targets (delta robots: relative to this observation's
         state; normalized; zero padded). None without `actions`."""
-        if not isinstance(obs, Mapping):
-            raise InvalidRequest(f"observation must be a map, got {type(obs).__name__}")
-        raw = self._checked_raw(obs)
+        raw = self.check(obs)
         if actions is not None:
             raw["actions"] = np.asarray(actions)
         data = self.pipeline.inputs(raw)
@@ -104,8 +102,11 @@ class RobotIO:
         # float32 state, as openpi hands the jax-converted model input state to the output transforms.
         return self.pipeline.outputs({"state": np.asarray(state, np.float32), "actions": actions})
 
-    def _checked_raw(self, obs: Mapping[str, Any]) -> dict[str, Any]:
-        """The known keys of `obs`, each checked, in the nesting the transforms read."""
+    def check(self, obs: Mapping[str, Any]) -> dict[str, Any]:
+        """The known keys of `obs`, each checked (`InvalidRequest` for the first that fails), in the nesting
+        the transforms read; no transform runs."""
+        if not isinstance(obs, Mapping):
+            raise InvalidRequest(f"observation must be a map, got {type(obs).__name__}")
         raw: dict[Path, Any] = {}
         for path, required in self.spec.cameras.items():
             if (image := _lookup(obs, path)) is not None:
@@ -138,7 +139,10 @@ class RobotIO:
                     f"{key!r}: expected {np.dtype(dtype)} {list(shape)} after the robot transforms, "
                     f"got {value.dtype} {list(value.shape)}"
                 )
-            canonical[key] = value.astype(dtype, copy=False)
+            with np.errstate(over="ignore"):
+                canonical[key] = value.astype(dtype, copy=False)
+        if not np.isfinite(canonical["state"]).all():  # finite raw values too large to normalize
+            raise InvalidRequest("'state': values too large: not finite after normalization to float32")
         return canonical
 
 
@@ -184,8 +188,7 @@ def _checked_image(path: Path, image: Any, channels_first_only: bool) -> np.ndar
 
 def _checked_vector(path: Path, value: Any, size: int) -> np.ndarray:
     name = _name(path)
-    numeric = isinstance(value, np.ndarray | np.generic | list | tuple | int | float)
-    array = np.asarray(value) if numeric else None
+    array = _numeric_array(value)
     if array is None or array.dtype.kind not in "iuf":
         raise InvalidRequest(f"{name!r}: expected {size} numbers, got {type(value).__name__}")
     if array.shape != (size,) and not (size == 1 and array.shape == ()):
@@ -193,6 +196,17 @@ def _checked_vector(path: Path, value: Any, size: int) -> np.ndarray:
     if not np.isfinite(array).all():
         raise InvalidRequest(f"{name!r}: contains NaN or infinite values")
     return array if array.dtype.kind == "f" else array.astype(np.float64)
+
+
+def _numeric_array(value: Any) -> np.ndarray | None:
+    """`value` as an array when it is one, a number or a list of them; None for other types and for
+    ragged lists (which numpy cannot make one array of)."""
+    if not isinstance(value, np.ndarray | np.generic | list | tuple | int | float):
+        return None
+    try:
+        return np.asarray(value)
+    except ValueError:
+        return None
 
 
 def _checked_prompt(prompt: Any, max_chars: int) -> str:

@@ -27,10 +27,12 @@ from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.models.pi05 import Pi05Config
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.policy import MAX_SAMPLES, Policy
-from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.policies.request_options import RequestOptions, value_kind
 
 # Far above any robot's control rate; a bound keeps the delay estimate (latency * rate) a finite int.
 MAX_CONTROL_HZ = 10_000.0
+# The fields an `rtc` entry may hold (`oxygen_jax.client.protocol`).
+FIELDS = ("executed", "delay", "horizon", protocol.CHUNK_ID, "control_hz")
 
 
 class RtcError(InvalidRequest, InvalidArgumentError):
@@ -49,7 +51,7 @@ def _field(rtc: Mapping, name: str, default: int | None = None) -> int:
     if value is None:
         raise RtcError(f"rtc.{name} is missing")
     if isinstance(value, bool | np.timedelta64) or not isinstance(value, int | np.integer):
-        raise RtcError(f"rtc.{name} must be an int, got {value!r}")
+        raise RtcError(f"rtc.{name} must be an int, got {value_kind(value)}")
     if value < 0:
         raise RtcError(f"rtc.{name} must be >= 0, got {value}")
     return int(value)
@@ -59,29 +61,46 @@ def _control_hz(value: Any) -> float:
     """A stated control rate: a number in (0, MAX_CONTROL_HZ] (inf and NaN are refused)."""
     numeric = int | float | np.integer | np.floating
     if isinstance(value, bool | np.timedelta64) or not isinstance(value, numeric):
-        raise RtcError(f"rtc.control_hz must be a number, got {value!r}")
+        raise RtcError(f"rtc.control_hz must be a number, got {value_kind(value)}")
     if not 0 < value <= MAX_CONTROL_HZ:
         raise RtcError(f"rtc.control_hz must lie in (0, {MAX_CONTROL_HZ:g}], got {value}")
     return float(value)
 
 
+def check_entry(rtc: Any, horizon: int) -> None:
+    """Checks what an observation's `rtc` entry says on its own, against the model's horizon H: a map of
+    the known fields, each of its type and range (the robot's state is `parse_request`'s to check)."""
+    if not isinstance(rtc, Mapping):
+        raise RtcError(f"rtc must be a dict with executed, delay, horizon; got {type(rtc).__name__}")
+    unknown = sorted(str(key) for key in rtc if key not in FIELDS)
+    if unknown:
+        raise RtcError(f"rtc: unknown field(s) {unknown}; known: {list(FIELDS)}")
+    executed = _field(rtc, "executed")
+    for name in ("delay", "horizon", protocol.CHUNK_ID):
+        if name in rtc:
+            _field(rtc, name)
+    if "control_hz" in rtc:
+        _control_hz(rtc["control_hz"])
+    if executed > horizon:
+        raise RtcError(f"rtc.executed {executed} is beyond the last chunk's {horizon} actions")
+    if "delay" in rtc and rtc["delay"] >= horizon:
+        raise RtcError(f"rtc.delay {rtc['delay']} must be < the action horizon {horizon}")
+
+
 def parse_request(
     rtc: Any, horizon: int, last_chunk_id: int | None, estimated_delay: int | None
 ) -> RtcRequest:
-    """Checks an observation's `rtc` entry against the model's horizon H and this robot's last chunk.
+    """Checks an observation's `rtc` entry (`check_entry`) and against this robot's last chunk.
 
     delay defaults to `estimated_delay` (the server's own latency in control steps, when it knows the
     robot's control_hz); horizon defaults to every action of the last chunk not yet executed.
     """
-    if not isinstance(rtc, Mapping):
-        raise RtcError(f"rtc must be a dict with executed, delay, horizon; got {type(rtc).__name__}")
+    check_entry(rtc, horizon)
     if last_chunk_id is None:
         raise RtcError("rtc needs a previous chunk: this robot has not been sent one yet")
     if protocol.CHUNK_ID in rtc and _field(rtc, protocol.CHUNK_ID) != last_chunk_id:
         raise RtcError(f"rtc.chunk_id {rtc[protocol.CHUNK_ID]} is not the last chunk sent ({last_chunk_id})")
     executed = _field(rtc, "executed")
-    if executed > horizon:
-        raise RtcError(f"rtc.executed {executed} is beyond the last chunk's {horizon} actions")
     if "delay" not in rtc and estimated_delay is None:
         raise RtcError("rtc.delay is missing and the robot's control_hz is unknown to estimate it")
     delay = _field(rtc, "delay", estimated_delay)
@@ -136,10 +155,10 @@ class RobotChunks:
         if rtc is None:
             return None, 0
         with self._lock:
+            check_entry(rtc, horizon)
             control_hz = self._control_hz
-            if isinstance(rtc, Mapping) and "control_hz" in rtc:
-                control_hz = rtc["control_hz"]
-                control_hz = _control_hz(control_hz)
+            if "control_hz" in rtc:
+                control_hz = _control_hz(rtc["control_hz"])
             estimate = None
             if control_hz and self._latency_s is not None:
                 estimate = math.ceil(self._latency_s * control_hz)

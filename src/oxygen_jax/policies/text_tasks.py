@@ -35,13 +35,15 @@ def _task(name: Any, spec: Any) -> TextTask:
         raise InvalidRequest(f"text task names must be non-empty strings, got {type(name).__name__}")
     if len(name) > MAX_TASK_NAME_CHARS:
         raise InvalidRequest(f"text task names: at most {MAX_TASK_NAME_CHARS} characters, got {len(name)}")
+    if not name.isprintable():
+        raise InvalidRequest("text task names must be printable (no newlines or terminal escapes)")
     if isinstance(spec, str):
         spec = {"instruction": spec}
     if not isinstance(spec, Mapping):
         raise InvalidRequest(
             f"text task {name!r}: expected an instruction string or a dict, got {type(spec).__name__}"
         )
-    unknown = sorted(set(spec) - set(_OPTIONS))
+    unknown = sorted(str(key) for key in set(spec) - set(_OPTIONS))  # keys of any types
     if unknown:
         raise InvalidRequest(f"text task {name!r}: unknown option(s) {unknown}; known: {list(_OPTIONS)}")
     instruction = spec.get("instruction")
@@ -60,8 +62,11 @@ def _task(name: Any, spec: Any) -> TextTask:
     )
 
 
-def parse_text_tasks(tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[TextTask]:
-    """The request's tasks in order, checked (names unique, instructions non-empty, known options)."""
+def parse_text_tasks(
+    tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]], max_tasks: int | None = None
+) -> list[TextTask]:
+    """The request's tasks in order, checked (names unique, instructions non-empty, known options, at most
+    `max_tasks` of them; None: any number)."""
     if isinstance(tasks, Mapping):
         parsed = [_task(name, spec) for name, spec in tasks.items()]
     elif isinstance(tasks, Sequence) and not isinstance(tasks, str | bytes):
@@ -82,4 +87,7 @@ def parse_text_tasks(tasks: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> 
         raise InvalidRequest(f"text_tasks: task names must be unique, got {names}")
     if not parsed:
         raise InvalidRequest("text_tasks: no task given")
+    if max_tasks is not None and len(parsed) > max_tasks:
+        limit = f"at most {max_tasks} tasks, got {len(parsed)}" if max_tasks else "none accepted here"
+        raise InvalidRequest(f"text_tasks: {limit}")
     return parsed

@@ -2,8 +2,10 @@
 
 Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
 deterministic), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name in replies and
-the text stream); they are taken out before the robot transforms see the observation. Bad requests raise
-`InvalidRequest`, which the server answers as "Bad request: ..."; anything else is a server fault.
+the text stream); they are taken out before the robot transforms see the observation. Every request is
+checked whole against the server's `RequestSchema` (`serving/request_schema.py`) before any work on it;
+bad requests raise `InvalidRequest`, which the server answers as "Bad request: ..."; anything else is a
+server fault.
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
@@ -32,40 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from oxygen_jax.client import protocol
-from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.policy import Policy
-from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.serving.metrics import ServerMetrics
+from oxygen_jax.serving.request_schema import RequestSchema
 from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
 
-MAX_ROBOT_ID = 64
-REQUEST_OPTIONS = ("noise", "max_text_tokens", "temperature", "top_p", "robot_id")
-
-
-def _split_request(obs: dict) -> tuple[dict, dict[str, Any], str | None]:
-    """(the robot observation, the request options as `Policy.infer` keyword arguments, its robot id).
-    The options are checked by the policy (`policies.request_options`), as those of its text tasks; a
-    numpy time is refused here first (`_no_times`)."""
-    obs = dict(obs)
-    noise, max_text_tokens, temperature, top_p, robot_id = (obs.pop(name, None) for name in REQUEST_OPTIONS)
-    options = {"noise": noise, "max_text_tokens": max_text_tokens, "temperature": temperature, "top_p": top_p}
-    return obs, options, _robot_id(robot_id)
-
-
-def _robot_id(value: Any) -> str | None:
-    """The robot's name, as replies and `/text` show it: printable (no newlines or terminal escapes)."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID or not value.isprintable():
-        raise InvalidRequest(f"'robot_id': expected a printable string of 1 to {MAX_ROBOT_ID} characters")
-    return value
-
-
-def _split(obs: dict, key: str) -> tuple[dict, Any]:
-    """(the request without `key`, its value or None)."""
-    obs = dict(obs)
-    return obs, obs.pop(key, None)
+INLINE_RTC_REFUSAL = "rtc: real-time chunking needs the streaming server (--language=stream)"
 
 
 def _with_replica(metadata: Mapping[str, Any], replica_id: str | None) -> dict:
@@ -77,6 +51,7 @@ class PolicyServerBackend:
 
     def __init__(self, policy: Policy, *, metrics: bool = True, replica_id: str | None = None) -> None:
         self._policy = policy
+        self._schema = RequestSchema(policy, rtc_refusal=INLINE_RTC_REFUSAL)
         self._replica_id = replica_id
         self._lock = threading.Lock()  # warm-up and requests take turns: a Policy need not be thread-safe
         self._ready = False
@@ -101,12 +76,9 @@ class PolicyServerBackend:
             self.metrics.warmed_up()
 
     def infer(self, obs: dict) -> dict:
-        obs, text_tasks = _split(obs, "text_tasks")
-        if protocol.RTC in obs:
-            raise InvalidRequest("rtc: real-time chunking needs the streaming server (--language=stream)")
-        obs, options, _ = _split_request(obs)
+        request = self._schema.check(obs)
         with self._lock:
-            result = self._policy.infer(obs, text_tasks=text_tasks, **options)
+            result = self._policy.infer(request.obs, **vars(request.options))
             self._ready = True
         if "text" in result:
             result["text_done"] = True
@@ -156,9 +128,6 @@ class SessionServerBackend:
             self.metrics.warmed_up()
 
     async def infer_async(self, obs: dict) -> dict:
-        obs, text_tasks = _split(obs, "text_tasks")
-        obs, rtc = _split(obs, protocol.RTC)
-        obs, options, robot_id = _split_request(obs)
         client = asyncio.current_task()
         if client not in self._clients:
             self._clients.add(client)
@@ -169,8 +138,12 @@ class SessionServerBackend:
         def answer(result: dict | Exception) -> None:
             loop.call_soon_threadsafe(_settle, reply, result)
 
-        request = RobotRequest(client, obs, RequestOptions(text_tasks=text_tasks, **options), robot_id, rtc)
-        await loop.run_in_executor(self._prepare, self._session.submit, request, answer)
+        def submit() -> None:  # on a prepare thread: checking a request is work too (its images)
+            request = self._session.schema.check(obs)
+            robot = RobotRequest(client, request.obs, request.options, request.robot_id, request.rtc)
+            self._session.submit(robot, answer)
+
+        await loop.run_in_executor(self._prepare, submit)
         return await reply
 
     def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]:

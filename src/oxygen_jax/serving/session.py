@@ -57,8 +57,10 @@ from oxygen_jax.runtime.device_loop import ActionReply, ObservationWork
 from oxygen_jax.runtime.requests import TextRequest, TextResult
 from oxygen_jax.runtime.runtime import Runtime, RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput
+from oxygen_jax.serving.request_schema import RequestSchema
 
 logger = logging.getLogger(__name__)
+NO_RTC = "rtc: this server does not take real-time-chunking requests"
 # The robot whose request this thread prepares, if any (see `_OncePerRobot`).
 _PREPARING: contextvars.ContextVar["_Robot | None"] = contextvars.ContextVar("preparing", default=None)
 
@@ -190,6 +192,14 @@ class MultiRobotSession:
         self._robots: dict[Hashable, _Robot] = {}
         self._listeners: tuple[Callable[[TextEvent], None], ...] = ()
         self._warm = False
+        self._schema = RequestSchema(
+            policy, max_text_tasks=self._max_text_tasks, rtc_refusal=None if rtc else NO_RTC
+        )
+
+    @property
+    def schema(self) -> RequestSchema:
+        """What a served request to this session may hold (its policy, text tasks and `rtc`)."""
+        return self._schema
 
     @property
     def max_batch(self) -> int:
@@ -289,7 +299,7 @@ class MultiRobotSession:
             chunks = robot.chunks
         try:
             if request.rtc is not None and not self._rtc:
-                raise InvalidRequest("rtc: this server does not take real-time-chunking requests")
+                raise InvalidRequest(NO_RTC)
             if request.options.samples != 1:
                 raise InvalidRequest("samples: one action chunk per request here (several: `Policy.infer`)")
             guidance, start = chunks.guidance(request.rtc, self._policy.engine.config.action_horizon)

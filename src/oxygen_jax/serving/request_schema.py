@@ -1,0 +1,167 @@
+"""The served request, declared in one place and checked whole before any work is done on it.
+
+A request is one map: the robot's observation (the keys its `RawSpec` names, see `observation_fields`)
+plus the request fields of `FIELDS`. `RequestSchema.check` runs every field's check, then the
+observation's, and only then does the server transform, tokenize or queue anything; the first field that
+fails refuses the request with a one-line `InvalidRequest` (answered as "Bad request: ..."). Any other
+exception while serving is a server fault, so every check here must turn a bad value into
+`InvalidRequest` and nothing else (tests/test_serving_request_fuzz.py generates requests across this
+schema to hold it to that).
+
+The checks are the ones the policy itself runs (`policies.request_options`, `Policy.check_options`,
+`policies.text_tasks`, `RobotIO.check`, `policies.rtc.check_entry`): this module says which apply to
+which field; it does not restate them. Checks that need the robot's state (an `rtc` entry against its
+last chunk) or the tokenizer's count of the prompt run where that state is, after this one.
+"""
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from oxygen_jax.client import protocol
+from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.policies import rtc
+from oxygen_jax.policies.policy import MAX_TASK_TOKENS, MAX_TEMPERATURE, Policy
+from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.policies.robot_io import MAX_PROMPT_CHARS, RawSpec
+from oxygen_jax.policies.text_tasks import MAX_INSTRUCTION_CHARS, MAX_TASK_NAME_CHARS
+
+MAX_ROBOT_ID = 64
+
+
+def robot_id(value: Any) -> str:
+    """The robot's name, as replies and `/text` show it: printable (no newlines or terminal escapes)."""
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_ROBOT_ID or not value.isprintable():
+        raise InvalidRequest(f"'robot_id': expected a printable string of 1 to {MAX_ROBOT_ID} characters")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One field of a served request: its name, what it accepts and within which bounds (as
+    docs/serving.md's table says them), and its own check (`InvalidRequest` for a bad value); None for
+    fields checked together: the options by `Policy.check_options`, the observation by `RobotIO.check`."""
+
+    name: str
+    accepts: str
+    bounds: str
+    check: Callable[["RequestSchema", Any], None] | None = None
+
+
+# The request fields besides the observation; every one is optional (absent or None: the server's own).
+FIELDS = (
+    Field(
+        "noise",
+        "float array (or nested lists of numbers)",
+        "[H, action_dim] or [1, H, action_dim], finite",
+    ),
+    Field(
+        "max_text_tokens",
+        "integer (int or numpy integer; not bool, not a numpy time)",
+        "0 to the server's --max_text_tokens (0: no text)",
+    ),
+    Field(
+        "temperature",
+        "number (int, float or numpy number; not bool, not a numpy time)",
+        f"finite, 0 to {MAX_TEMPERATURE:g}",
+    ),
+    Field(
+        "top_p",
+        "number (as temperature)",
+        "finite, in (0, 1]",
+    ),
+    Field(
+        "text_tasks",
+        "map name -> instruction or -> {instruction, max_text_tokens, temperature}, or a list of such "
+        "maps with a name",
+        f"1 to the server's --max_text_tasks tasks; names unique, printable, 1 to {MAX_TASK_NAME_CHARS} "
+        f"characters; instructions non-empty, at most {MAX_INSTRUCTION_CHARS} characters and "
+        f"{MAX_TASK_TOKENS} tokens; options as at the top",
+    ),
+    Field(
+        "robot_id",
+        "str",
+        f"1 to {MAX_ROBOT_ID} printable characters (no newlines or terminal escapes)",
+        lambda _, value: robot_id(value),
+    ),
+    Field(
+        protocol.RTC,
+        f"map of {', '.join(rtc.FIELDS)} (integers; control_hz a number)",
+        f"executed 0 to H, 0 <= delay < H, delay <= horizon <= H, control_hz in (0, {rtc.MAX_CONTROL_HZ:g}]; "
+        "streaming server only",
+        lambda schema, value: schema.check_rtc(value),
+    ),
+)
+FIELD_NAMES = tuple(field.name for field in FIELDS)
+# The fields that are `RequestOptions` (checked together by `Policy.check_options`).
+OPTION_NAMES = ("noise", "max_text_tokens", "temperature", "top_p", "text_tasks")
+
+
+def observation_fields(spec: RawSpec) -> tuple[Field, ...]:
+    """The observation keys a robot of `spec` sends (checked by `RobotIO.check`); other keys are ignored."""
+    layouts = "[3, H, W]" if spec.channels_first_only else "[H, W, 3] or [3, H, W]"
+    cameras = tuple(
+        Field(
+            "/".join(path),
+            f"uint8 array, or float array with values in [0, 1]; {layouts}",
+            "no side 0; not too elongated to resize to 224x224" + ("" if required else "; optional"),
+        )
+        for path, required in spec.cameras.items()
+    )
+    vectors = tuple(
+        Field(
+            "/".join(path),
+            "numeric array, list or number",
+            f"exactly {size} finite values" + (" (or one number)" if size == 1 else ""),
+        )
+        for path, size in spec.vectors.items()
+    )
+    prompt = Field(
+        "prompt",
+        "str (or UTF-8 bytes)",
+        f"at most {MAX_PROMPT_CHARS} characters, fitting the model's token budget; optional",
+    )
+    return (*cameras, *vectors, prompt)
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedRequest:
+    """A request that passed every check: the robot's observation (the request without its fields), the
+    options as `Policy.infer` takes them, its robot id and its `rtc` entry (None: absent)."""
+
+    obs: dict[str, Any]
+    options: RequestOptions
+    robot_id: str | None
+    rtc: Any
+
+
+class RequestSchema:
+    """The request schema of one server: its policy (the ranges of the options, the robot's observation),
+    how many text tasks a request may carry and whether it takes `rtc` (`rtc_refusal`: the one line that
+    refuses it, None when it takes it)."""
+
+    def __init__(self, policy: Policy, *, max_text_tasks: int | None = None, rtc_refusal: str | None = None):
+        self.policy = policy
+        self.max_text_tasks = max_text_tasks
+        self.rtc_refusal = rtc_refusal
+
+    def check(self, request: Mapping[str, Any]) -> CheckedRequest:
+        """The request split into its observation and fields, each checked (`InvalidRequest` for the first
+        that fails): the fields in `FIELDS` order, their combination (text tasks take the request's
+        options), then the observation."""
+        if not isinstance(request, Mapping):
+            raise InvalidRequest(f"observation must be a map, got {type(request).__name__}")
+        obs = dict(request)
+        values = {name: obs.pop(name, None) for name in FIELD_NAMES}
+        options = RequestOptions(**{name: values[name] for name in OPTION_NAMES})
+        self.policy.check_options(options, max_tasks=self.max_text_tasks)
+        for field in FIELDS:
+            if field.check is not None and values[field.name] is not None:
+                field.check(self, values[field.name])
+        self.policy.io.check(obs)
+        return CheckedRequest(obs, options, values["robot_id"], values[protocol.RTC])
+
+    def check_rtc(self, entry: Any) -> None:
+        if self.rtc_refusal is not None:
+            raise InvalidRequest(self.rtc_refusal)
+        rtc.check_entry(entry, self.policy.engine.config.action_horizon)
