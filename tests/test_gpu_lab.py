@@ -7,7 +7,13 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
+
+from oxygen_jax.benchmarks import lab
+from oxygen_jax.benchmarks.lab import model_config as pi05_config
+from oxygen_jax.models import pi05
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -56,3 +62,19 @@ def test_smoke_run_returns_every_stage(tmp_path):
     }
     text = (out / "results.md").read_text()
     assert "| denoise |" in text and "| unroll_loops |" in text and "| flow_step | concat |" in text
+
+
+def test_live_params_leave_no_matrix_zero():
+    """openpi's init zeroes the adaRMS modulations (the action expert would ignore the prefix); the lab's
+    params fill every all-zero matrix and keep every other leaf as it was."""
+    model = pi05_config("pi05_tiny")
+    initialized = pi05.init_params(model, jax.random.key(0), stacked=False)
+    zero = [x for x in jax.tree.leaves(initialized) if x.ndim > 1 and not x.any()]
+    assert zero, "openpi's init has zero matrices (else this test checks nothing)"
+    params = lab.live_params(initialized)
+    assert jax.tree.structure(params) == jax.tree.structure(initialized)
+    for before, after in zip(jax.tree.leaves(initialized), jax.tree.leaves(params), strict=True):
+        if before.ndim > 1 and not before.any():
+            assert after.any() and float(np.abs(after).max()) < 0.2
+        else:
+            np.testing.assert_array_equal(after, before)

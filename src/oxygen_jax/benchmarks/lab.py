@@ -88,6 +88,21 @@ def model_config(name: str) -> pi05.Pi05Config:
     return dataclasses.replace(config, dtype="float32" if jax.default_backend() == "cpu" else "bfloat16")
 
 
+def live_params(params: dict, seed: int = 1, scale: float = 0.02) -> dict:
+    """Random init leaves some matrices zero, as openpi's does (the adaRMS modulations, SigLIP's head):
+    zero modulations switch the action expert's layers off, so the actions would not depend on the prefix
+    and every variant would agree with the default trivially. Each all-zero matrix gets small random values
+    instead; which leaves are zero is read in one device call."""
+    leaves, tree = jax.tree.flatten(params)
+    zero = jax.device_get(jax.jit(lambda xs: [~jnp.any(x) for x in xs])(leaves))
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    leaves = [
+        scale * jax.random.normal(key, x.shape, x.dtype) if x.ndim >= 2 and is_zero else x
+        for key, x, is_zero in zip(keys, leaves, zero, strict=True)
+    ]
+    return jax.tree.unflatten(tree, leaves)
+
+
 def build_engine(params: dict, config: pi05.Pi05Config, variant: Variant | None = None) -> Engine:
     policy = kernels.for_backend()
     if variant is not None:
@@ -218,7 +233,7 @@ def run(config_name: str, repeats: int, clock: Clock, log: Callable[[str], None]
     obs = inputs.observation_from_arrays(observation(config, layout, 0), config)
     num_steps = 10
     params = jax.block_until_ready(
-        pi05.init_params(config, jax.random.key(0), stacked=False, dtype=config.dtype)
+        live_params(pi05.init_params(config, jax.random.key(0), stacked=False, dtype=config.dtype))
     )
     engine = build_engine(params, config)
     noise = engine.noise(jax.random.key(1), 1)
