@@ -16,6 +16,7 @@ input the robot's transforms ignore), a closed connection for a message over the
 import dataclasses
 import itertools
 import multiprocessing
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -303,9 +304,12 @@ def probe(
     api_key: str | None = None,
     more: Callable[[dict[str, Any]], dict[str, Attack]] | None = None,
     progress: Callable | None = None,
+    attacker_nice: int = 0,
 ) -> ProbeReport:
     """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
-    `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other."""
+    `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other. The attacks run at
+    `attacker_nice` (this thread and those it starts, after the healthy robot's process has started), so on
+    a machine the three share, the attacker's own work can stand aside as if it ran elsewhere."""
     base = valid_observation(spec)
     attacks: dict[str, Attack] = {
         name: request_attack(request) for name, request in hostile_requests(spec, base).items()
@@ -318,6 +322,7 @@ def probe(
     start = time.perf_counter()
     healthy.start()
     healthy.warm.wait(timeout=600)
+    os.nice(attacker_nice)  # Linux: this thread only, and the threads it starts from now on
     names = progress(list(attacks)) if progress else list(attacks)
     for name in names:
         began = time.perf_counter()

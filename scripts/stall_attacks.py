@@ -11,9 +11,7 @@ the runtime's own decode chunks) varies the healthy robot's latency. Each attack
   deadline);
 - `15 MB task instruction` and `four 1 MiB task names` (refused before anything is tokenized);
 - `task options as strings and floats`: `max_text_tokens` "5" and 2.7, `temperature` "0.5" inside a task;
-- `no API key`: a robot without the key, and the versions the `Server` header names;
-- `SIGTERM with buffered requests` (`buffered_at_shutdown`): four robots each send two requests at once and
-  the server is told to stop; both must be answered.
+- `no API key`: a robot without the key, and the versions the `Server` header names.
 """
 
 import concurrent.futures
@@ -21,7 +19,6 @@ import statistics
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from typing import Any
 
 from hostile_probe import (  # scripts/hostile_probe.py, beside this script
@@ -151,29 +148,6 @@ def _without_key(url: str, headers: Headers) -> Outcome:
             return Outcome("answered", f"served without a key; {versions}")
     except InvalidStatus as error:
         return Outcome("refused", f"HTTP {error.response.status_code}; {versions}")
-
-
-def buffered_at_shutdown(
-    url: str, headers: Headers, base: dict[str, Any], stop: Callable[[], None]
-) -> Outcome:
-    """Four robots each send two requests without waiting, then `stop()` (SIGTERM); how many of the eight
-    were answered before each connection closed."""
-    robots = [connect(url, headers) for _ in range(4)]
-    for websocket in robots:
-        websocket.recv()  # metadata
-    for websocket in robots:
-        for _ in range(2):
-            websocket.send(msgpack_numpy.packb(base))
-    stop()
-    answered, codes = 0, set()
-    for websocket in robots:
-        try:
-            for _ in range(3):  # two replies, then the close
-                answered += isinstance(websocket.recv(timeout=120), bytes)
-        except ConnectionClosed:
-            codes.add(websocket.close_code)
-    kind = "answered" if answered == 8 else "lost"
-    return Outcome(kind, f"{answered} of 8 requests answered, closed with {sorted(codes)}")
 
 
 class RssSampler(threading.Thread):
