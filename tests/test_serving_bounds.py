@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.flow_control import ReadBudget
 from oxygen_jax.serving.metrics import ServerMetrics
-from oxygen_jax.serving.websocket_server import BackgroundServer, ServerLimits
+from oxygen_jax.serving.websocket_server import FRAME_CHARGE, BackgroundServer, ServerLimits
 
 pytestmark = [pytest.mark.timeout(60), OPENPI_CLIENT_WARNING]
 SERVER_LOGGER = "oxygen_jax.serving.websocket_server"
@@ -63,6 +63,20 @@ def pipelined_peak(limits: dict[str, Any]) -> float:
         sender.join(timeout=10)
         assert all(msgpack_numpy.unpackb(reply)["actions"].shape == (3,) for reply in replies)
     return peak
+
+
+def test_each_frame_counts_its_objects_so_tiny_frames_are_bounded_too():
+    """A request pending in the server counts its bytes plus `FRAME_CHARGE`: under a 4 MiB bound a flood of
+    1-byte frames holds at most 4096 of them, not four million."""
+    message = msgpack_numpy.packb({"state": STATE, "sleep_s": 0.5})
+    with served() as running, robot(running.port) as connection:
+        connection.send(message)
+        deadline = time.monotonic() + 0.4
+        pending = 0.0
+        while not pending and time.monotonic() < deadline:
+            pending = metric(running.port, "oxygen_pending_request_bytes")
+        assert pending == len(message) + FRAME_CHARGE
+        connection.recv(timeout=10)
 
 
 def test_pipelined_large_requests_are_held_back_in_bytes_and_all_answered():
@@ -177,14 +191,21 @@ def drain_replies(connection: Any) -> tuple[int | None, str | None]:
 # --- rates and log lines ---
 
 
-def test_requests_past_the_rate_are_refused_counted_and_logged_once(caplog):
+def test_requests_past_the_rate_are_refused_slowed_counted_and_logged_once(caplog):
+    """20 requests at once at 5 a second in bursts of 5: the burst is served; past it each refusal is
+    followed by a pause in reading until a token is back, so the next one is served and the 20 replies
+    take at least 7 token periods (0.2 s each): a flood costs the server at most twice the rate."""
     caplog.set_level(logging.INFO, SERVER_LOGGER)
     with served(max_requests_per_s=5) as running, robot(running.port) as connection:
         for _ in range(20):
             connection.send(msgpack_numpy.packb({"state": STATE}))
+        began = time.monotonic()
         replies = [connection.recv(timeout=10) for _ in range(20)]
+        took = time.monotonic() - began
         refused = [reply for reply in replies if isinstance(reply, str)]
-        assert 10 <= len(refused) <= 15  # a burst of 5 passes, plus what refilled meanwhile
+        assert 5 <= len(refused) <= 9, len(refused)  # 15 past the burst: about every other one refused
+        assert took >= 1.3, took
+        assert all(isinstance(reply, bytes) for reply in replies[:5])
         assert set(refused) == {
             "Too many requests: at most 5 a second on one connection (request not served)"
         }

@@ -74,10 +74,14 @@ class TokenBucket:
         """Takes a token if one is there."""
         return self.reserve(0.0) is not None
 
+    def wait_s(self) -> float:
+        """How long until a token is there (none is taken)."""
+        return max(0.0, (1.0 - self.tokens) / self.rate)
+
     def reserve(self, max_wait_s: float) -> float | None:
         """Takes the next token and returns how long to wait for it, or None (nothing taken) when that
         would be longer than `max_wait_s`."""
-        wait = max(0.0, (1.0 - self.tokens) / self.rate)
+        wait = self.wait_s()
         if wait > max_wait_s:
             return None
         self._tokens -= 1.0

@@ -43,8 +43,11 @@ No client can stall or lock out the others (`ServerLimits`):
   The ``Server`` header names no versions;
 - what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
-  either, reading pauses and TCP pushes back, but a connection with nothing pending is always read);
-  requests per connection and second (``max_requests_per_s``; past it each is refused unread);
+  either, reading pauses and TCP pushes back, but a connection with nothing pending is always read; each
+  frame counts ``FRAME_CHARGE`` bytes more than its payload, so a flood of tiny frames is bounded too);
+  requests per connection and second (``max_requests_per_s``; past it a request is refused unread and
+  the connection is not read again until the rate allows one more, so a flood costs the server at most
+  twice that rate in messages);
   handshakes per second (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``,
   then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
@@ -120,6 +123,9 @@ AUTH_HEADER = "Authorization: Api-Key <key>"
 # count as received before it; and a draining server waits this long, after a connection's last byte,
 # for the rest of a request it owes.
 DRAIN_GRACE_S = 0.2
+# What each frame received counts in the read budget beyond its payload (the frame's own objects), so
+# that tiny frames cannot queue up in their millions under a byte bound.
+FRAME_CHARGE = 1024
 # Text events a subscriber may leave unread before it is closed.
 MAX_UNSENT_EVENTS = 1024
 # A bad request's line quotes at most this much of the problem.
@@ -358,9 +364,10 @@ class _Connection(ServerConnection):
             return
         self.last_frame = self.last_data
         if event.opcode in DATA_OPCODES:
-            self._partial += len(event.data)
+            charge = len(event.data) + FRAME_CHARGE
+            self._partial += charge
             if self.budget is not None:
-                self.budget.received(self, len(event.data))
+                self.budget.received(self, charge)
             if event.fin:
                 self.unread_sizes.append(self._partial)
                 self._partial = 0
@@ -612,8 +619,11 @@ class _ConnectionHandler:
                         detail = f"Too many requests: at most {rate:g} a second on one connection"
                         self._refused(websocket, "rate_limit", detail)
                         await websocket.send(detail + " (request not served)")
+                        await asyncio.sleep(bucket.wait_s())  # nothing more is read meanwhile
                         continue
-                    prev_total_ms = await self._serve_request(websocket, message, prev_total_ms)
+                    request = _decoded(message)
+                    del message  # the raw bytes are not held while the request is served
+                    prev_total_ms = await self._serve_request(websocket, request, prev_total_ms)
                 finally:
                     websocket.answered(size)
         finally:
@@ -632,14 +642,16 @@ class _ConnectionHandler:
         await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
 
     async def _serve_request(
-        self, websocket: _Connection, message: str | bytes, prev_total_ms: float | None
+        self, websocket: _Connection, request: dict | BadRequestError, prev_total_ms: float | None
     ) -> float | None:
-        """Answers one request; returns its receipt-to-reply time when it was answered with actions
-        (else `prev_total_ms` as it was)."""
+        """Answers one decoded request (or refuses one that did not decode); returns its receipt-to-reply
+        time when it was answered with actions (else `prev_total_ms` as it was)."""
         received = time.monotonic()
         error_kind = None
         try:
-            reply = await self._answer(message, prev_total_ms)
+            if isinstance(request, BadRequestError):
+                raise request
+            reply = await self._answer(request, prev_total_ms)
         except Exception as error:
             reply, error_kind = self._error_line(websocket, error), _error_kind(error)
         await websocket.send(reply)
@@ -788,8 +800,7 @@ class _ConnectionHandler:
             line += "\n" + "".join(traceback.format_exception(error))
         return line
 
-    async def _answer(self, message: str | bytes, prev_total_ms: float | None) -> bytes:
-        obs = decode_request(message)
+    async def _answer(self, obs: dict, prev_total_ms: float | None) -> bytes:
         start = time.monotonic()
         try:
             result = await self._infer(obs)
@@ -803,6 +814,14 @@ class _ConnectionHandler:
             server_timing["prev_total_ms"] = prev_total_ms
         reply = {"policy_timing": {"infer_ms": infer_ms}, **result, "server_timing": server_timing}
         return msgpack_numpy.packb(reply)
+
+
+def _decoded(message: str | bytes) -> dict | BadRequestError:
+    """The request a message holds, or why it holds none."""
+    try:
+        return decode_request(message)
+    except BadRequestError as error:
+        return error
 
 
 def _bytes(mb: float | None) -> int | None:
