@@ -12,7 +12,7 @@ import numpy as np
 import tqdm
 
 from oxygen_jax.client import simulated
-from oxygen_jax.policies import rtc
+from oxygen_jax.policies import rtc, rtc_defaults
 from oxygen_jax.policies.policy import Policy, create_policy
 from oxygen_jax.table_task import dataset, detour
 
@@ -130,6 +130,7 @@ def evaluate(
     guidance.check(
         policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
     )
+    guidance = guidance.for_policy(policy)
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):
@@ -154,7 +155,7 @@ def evaluate(
         "seed": seed,
         "max_steps": max_steps,
         # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix.
-        "rtc_method": "conditioned" if policy.engine.config.max_clean_prefix else "guided",
+        "rtc_method": rtc_defaults.method(policy.engine.config.max_clean_prefix),
         **guidance.fields(),
         **summarize(runs),
     }
