@@ -306,13 +306,25 @@ def seeded_infer(
     others = rng.spawn(1)[0]
 
     def infer(obs: Mapping[str, Any]) -> dict[str, Any]:
-        noise = draw_noise(rng, shape, guidance.noise_dims)
-        if protocol.RTC not in obs and guidance.fresh_samples > 1:
-            extra = range(guidance.fresh_samples - 1)
-            noise = np.stack([noise, *(draw_noise(others, shape, guidance.noise_dims) for _ in extra)])
-        return served.infer(obs, noise=noise)
+        samples = guidance.fresh_samples if protocol.RTC not in obs else 1
+        return served.infer(obs, noise=draw_samples(rng, others, shape, guidance.noise_dims, samples))
 
     return infer
+
+
+def draw_samples(
+    rng: np.random.Generator,
+    others: np.random.Generator,
+    shape: tuple[int, int],
+    noise_dims: int | None,
+    samples: int,
+) -> np.ndarray:
+    """The noise of one request: [H, action_dim] from `rng` for one sample; for several, that draw first
+    and the others' from `others` [samples, H, action_dim], so `rng`'s stream is the same either way."""
+    noise = draw_noise(rng, shape, noise_dims)
+    if samples == 1:
+        return noise
+    return np.stack([noise, *(draw_noise(others, shape, noise_dims) for _ in range(samples - 1))])
 
 
 def draw_noise(rng: np.random.Generator, shape: tuple[int, int], noise_dims: int | None) -> np.ndarray:
