@@ -286,6 +286,8 @@ class GuidanceSettings:
 
 
 DEFAULT_GUIDANCE = GuidanceSettings()
+# One chunk per request whatever the model's config says: what the model alone samples.
+ONE_SAMPLE = GuidanceSettings(fresh_samples=1)
 
 
 def seeded_infer(

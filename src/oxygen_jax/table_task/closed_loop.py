@@ -168,8 +168,11 @@ def evaluate(
         "episodes": episodes,
         "seed": seed,
         "max_steps": max_steps,
-        # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix.
-        "rtc_method": rtc_defaults.method(policy.engine.config.max_clean_prefix),
+        # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix (None: bid,
+        # which chooses among plain samples instead).
+        "rtc_method": None
+        if execution == "bid"
+        else rtc_defaults.method(policy.engine.config.max_clean_prefix),
         **guidance.fields(),
         **latencies.fields(),
         **({"bid_weak_steps": bid_policy.default_weak_steps(policy.num_steps)} if execution == "bid" else {}),
