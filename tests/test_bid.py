@@ -32,7 +32,7 @@ def test_forward_contrast_decides_against_a_chunk_between_the_motions():
     (few denoising steps) lands there too: the contrast keeps a chunk of the motion instead."""
     strong = _chunks([0.0, 0.0], [0.1, 1.0], [0.2, 1.05], [0.1, 0.9])
     weak = np.zeros_like(strong)
-    assert int(np.argmin(bid.backward_loss(strong, PREVIOUS[:, :], WEIGHTS))) == 0
+    assert int(np.argmin(bid.backward_loss(strong, PREVIOUS, WEIGHTS))) == 0
     losses = bid.losses(strong, weak, PREVIOUS, WEIGHTS, k=2)
     # index 1: backward 0.1; to the positives (chunks 0, 1) 1.1 + 0, to the negatives 2 * 1.1; / N = 4.
     np.testing.assert_allclose(losses[:2], [0.275, 0.1 - 0.275])
