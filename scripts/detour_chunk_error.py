@@ -27,7 +27,7 @@ STRIDE = 3
 def chunk_errors(policy: Policy, scene_seed: int, label: str) -> np.ndarray:
     """[chunks, H] error per chunk and index, on the scenes of `scene_seed`."""
     horizon = policy.engine.config.action_horizon
-    infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng(0))
+    infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng(0))
     stream = detour.scenes(scene_seed)
     errors = []
     for _ in tqdm.trange(_EPISODES.value, desc=label, unit="scene"):

@@ -79,7 +79,7 @@ def run(policy: Policy, execution: str, delay: int, horizon: int, episodes: int)
     collisions = after_change = 0
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay} E={horizon}"):
         scene = next(stream)
-        infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng((0, index)))
+        infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng((0, index)))
         chunks: list[np.ndarray] = []
 
         def recording(obs, infer=infer, chunks=chunks):

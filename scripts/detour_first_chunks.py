@@ -51,7 +51,7 @@ def main(_) -> None:
         noise = rtc.draw_noise(np.random.default_rng((0, index)), shape, None)
         actions = np.asarray(policy.infer(scene.observation(scene.start), noise=noise)["actions"])
         offsets.append(float(actions[-1, 0] - scene.start[0]))
-        infer = rtc.seeded_infer(policy, rtc.DEFAULT_GUIDANCE, np.random.default_rng((0, index)))
+        infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng((0, index)))
         episode = closed_loop.run_episode(
             infer, scene, execution="rtc", delay_steps=DELAY, execution_horizon=HORIZON
         )

@@ -46,6 +46,29 @@ def test_eval_table_writes_results_json(tmp_path):
     assert results["switches"] >= 6 and 0 <= results["switch_jump_mean"] <= results["switch_jump_max"]
 
 
+def test_eval_table_runs_bid_under_jittered_latency_with_a_wrong_delay_estimate(tmp_path):
+    run = _run(
+        "eval_table",
+        "--execution=bid",
+        "--fresh_samples=4",
+        "--delay_steps=3",
+        "--latency_jitter=heavy_tail",
+        "--delay_estimate=1",
+        "--episodes=2",
+        f"--out={tmp_path}",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert set(results) >= CLOSED_LOOP_FIELDS
+    assert (results["execution"], results["rtc_method"], results["fresh_samples"]) == ("bid", None, 4)
+    assert (results["latency_jitter"], results["delay_estimate"], results["bid_weak_steps"]) == (
+        "heavy_tail",
+        1,
+        2,
+    )
+    assert results["switches"] >= 2 and 0 <= results["success_rate"] <= 1
+
+
 @pytest.mark.parametrize(
     ("script", "flags", "message"),
     [
@@ -57,6 +80,8 @@ def test_eval_table_writes_results_json(tmp_path):
         ("eval_table", ["--delay_steps=10"], "delay_steps must lie in [0, 9]"),
         ("eval_table", ["--delay_steps=7", "--execution=naive"], "exceeds execution_horizon 6"),
         ("eval_table", ["--delay_steps=2", "--noise_dims=33"], "noise_dims must lie in [1, 32]"),
+        ("eval_table", ["--delay_steps=2", "--delay_estimate=10"], "delay_estimate must lie in [0, 9]"),
+        ("eval_table", ["--delay_steps=2", "--execution=bid"], "--execution=bid needs --fresh_samples >= 2"),
         ("sweep_eval_table", ["--delays=0,7"], "exceeds execution_horizon 6"),
         ("sweep_eval_table", ["--noise_dims=33"], "noise_dims must lie in [1, 32]"),
     ],

@@ -87,6 +87,7 @@ def test_an_rtc_robot_is_guided_towards_its_aligned_last_chunk_in_a_batch_with_a
     np.testing.assert_allclose(guided["actions"], _robot_actions(policy, want), atol=1e-6)
     np.testing.assert_allclose(plain["actions"], _robot_actions(policy, _model(policy, NOISE)), atol=1e-6)
     assert (_fields(guided), _fields(plain)) == ((1, 2, False), (1, 0, False))
+    assert guided["rtc_method"] == "guided" and "rtc_method" not in plain  # the method that ran
 
 
 def test_bad_rtc_is_refused_for_that_robot_only_and_leaves_its_state(session):

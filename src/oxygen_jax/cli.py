@@ -246,7 +246,7 @@ class ClosedLoopGuidanceFlags:
     noise_dims: flags.FlagHolder
     fresh_samples: flags.FlagHolder
 
-    def values(self) -> tuple[str, float, int | None, int | None, int]:
+    def values(self) -> tuple[str, float, int | None, int | None, int | None]:
         return (
             self.schedule.value,
             self.max_guidance_weight.value,
@@ -290,9 +290,9 @@ def define_closed_loop_guidance_flags() -> ClosedLoopGuidanceFlags:
         fresh_samples=_shown(
             flags.DEFINE_integer(
                 "fresh_samples",
-                1,
+                None,
                 "Chunks a request without rtc (the first, every sync one) draws; the one inside the motion "
-                "most of them took is kept (policies/chunk_choice.py).",
+                "most of them took is kept (policies/chunk_choice.py). Default: the config's rtc.samples.",
                 lower_bound=1,
             )
         ),

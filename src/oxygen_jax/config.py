@@ -51,6 +51,10 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: trained with up to this many leading actions given clean; real-time chunking then conditions on
     # them instead of guiding (`Pi05Config.max_clean_prefix`, docs/rtc.md).
     c.model.max_clean_prefix = 0
+    # How real-time chunking runs unless told otherwise (`policies/rtc_defaults.py`): the method follows
+    # from max_clean_prefix; samples: the chunks a request that continues no chunk draws (docs/rtc.md).
+    c.rtc = ml_collections.ConfigDict()
+    c.rtc.samples = 1
     c.num_steps = 10
     # None: openpi's cache (see oxygen_jax.tokenizer); "standin": the bundled 1024-piece stand-in.
     c.tokenizer_path = ml_collections.FieldReference(None, field_type=str)

@@ -13,8 +13,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from oxygen_jax.client.executor import Executor, ExecutorConfig, Robot, SimClock
+from oxygen_jax.client.executor import MODES, Executor, ExecutorConfig, Robot, SimClock
 from oxygen_jax.errors import InvalidArgumentError
+
+# The executor's modes, and `bid`: the robot as in `rtc`, each chunk chosen by bidirectional decoding.
+EXECUTIONS = (*MODES, "bid")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,16 +36,23 @@ class _Delivered:
 class DelayedRequests:
     """Answers each observation at once (the clock stands still) and hands the reply to the robot after
     `delay_steps` more actions: the observation is taken before tick k's action, the reply is there at
-    tick k + delay_steps."""
+    tick k + delay_steps. latency_steps: draws each request's latency in control steps instead (a
+    fraction: the reply is there at the first tick after it; `client/latency.py`)."""
 
     def __init__(
-        self, infer: Callable[[dict], Mapping[str, Any]], clock: SimClock, delay_steps: int, control_hz: float
+        self,
+        infer: Callable[[dict], Mapping[str, Any]],
+        clock: SimClock,
+        delay_steps: int,
+        control_hz: float,
+        latency_steps: Callable[[], float] | None = None,
     ):
-        self._infer, self._clock = infer, clock
-        self._latency_s = delay_steps / control_hz
+        self._infer, self._clock, self._control_hz = infer, clock, control_hz
+        self._latency_steps = latency_steps or (lambda: float(delay_steps))
 
     def submit(self, obs: dict) -> _Delivered:
-        return _Delivered(self._clock, self._clock.now() + self._latency_s, self._infer(obs))
+        latency_s = self._latency_steps() / self._control_hz
+        return _Delivered(self._clock, self._clock.now() + latency_s, self._infer(obs))
 
 
 class SimRobot(Robot, Protocol):
@@ -77,18 +87,23 @@ def run(
     control_hz: float,
     max_ticks: int,
     prefix_horizon: int | None = None,
+    latency_steps: Callable[[], float] | None = None,
+    delay_estimate: int | None = None,
 ) -> Motion:
     """One episode: `Executor` in mode `execution` on a simulated clock until the robot is done or
-    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `RtcPolicy.infer` per episode)."""
+    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `RtcPolicy.infer` per episode).
+    latency_steps: draws each request's latency (default: `delay_steps` every time); delay_estimate: the
+    d the robot sends with `rtc` (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy
+    behind `infer` is what differs (`policies/bid_policy.py`)."""
     clock = SimClock()
     config = ExecutorConfig(
         control_hz=control_hz,
         execution_horizon=execution_horizon,
-        mode=execution,
-        delay_steps=delay_steps,
+        mode="rtc" if execution == "bid" else execution,
+        delay_steps=delay_steps if delay_estimate is None else delay_estimate,
         prefix_horizon=prefix_horizon,
     )
-    requests = DelayedRequests(infer, clock, delay_steps, control_hz)
+    requests = DelayedRequests(infer, clock, delay_steps, control_hz, latency_steps)
     executor = Executor(config, robot, requests=requests, clock=clock)
     positions = [robot.position()]
     while executor.stats.ticks < max_ticks and not robot.done:

@@ -86,6 +86,7 @@ def evaluate(
     guidance.check(
         policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
     )
+    guidance = guidance.for_policy(policy)
     env = aloha_sim.make_env(settings.task)
     prompt = settings.prompt or aloha_sim.TASKS[settings.task]
     results: dict[str, Any] = {

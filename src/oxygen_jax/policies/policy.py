@@ -28,7 +28,16 @@ from oxygen_jax.engine.engine import Engine
 from oxygen_jax.errors import ConfigError, InvalidRequest
 from oxygen_jax.models import inputs as _inputs
 from oxygen_jax.params import load_params
-from oxygen_jax.policies import aloha, chunk_choice, droid, libero, normalization, table, transforms
+from oxygen_jax.policies import (
+    aloha,
+    chunk_choice,
+    droid,
+    libero,
+    normalization,
+    rtc_defaults,
+    table,
+    transforms,
+)
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.request_options import RequestOptions, integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
@@ -492,6 +501,12 @@ def create_policy(
         temperature=cfg.engine.temperature,
         top_p=cfg.engine.top_p,
         seed=cfg.seed,
-        metadata={"config": cfg.name, "robot": cfg.robot, "action_dim": found.action_dim, **found.metadata},
+        metadata={
+            "config": cfg.name,
+            "robot": cfg.robot,
+            "action_dim": found.action_dim,
+            **rtc_defaults.metadata(cfg),
+            **found.metadata,
+        },
         checkpoint=checkpoint_dir,
     )

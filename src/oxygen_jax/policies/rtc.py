@@ -25,6 +25,7 @@ from oxygen_jax.client import protocol, simulated
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.errors import InvalidArgumentError, InvalidRequest
 from oxygen_jax.models.pi05 import Pi05Config
+from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.policy import MAX_SAMPLES, Policy
 from oxygen_jax.policies.request_options import RequestOptions, value_kind
@@ -192,7 +193,9 @@ class RtcPolicy:
 
     fresh_samples: a request without `rtc` (a chunk that continues none, such as the first) draws this
     many chunks and keeps the one inside the motion most of them took (`RequestOptions.samples`): with
-    `rtc` the robot executes d actions of that chunk before any later one can correct it."""
+    `rtc` the robot executes d actions of that chunk before any later one can correct it. None: the
+    model config's `rtc.samples` (`rtc_defaults`). A reply to a request with `rtc` names the method that
+    ran, `rtc_method` (guided, or conditioned for a model trained with a clean prefix)."""
 
     def __init__(
         self,
@@ -200,12 +203,13 @@ class RtcPolicy:
         *,
         schedule: str = "exp",
         max_guidance_weight: float = 5.0,
-        fresh_samples: int = 1,
+        fresh_samples: int | None = None,
     ):
         self._policy = policy
         self._lock = threading.Lock()
         self.chunks = RobotChunks(schedule=schedule, max_guidance_weight=max_guidance_weight)
-        self.fresh_samples = fresh_samples
+        self.fresh_samples = rtc_defaults.samples(policy.metadata) if fresh_samples is None else fresh_samples
+        self.method = rtc_defaults.method(policy.engine.config.max_clean_prefix)
 
     @property
     def metadata(self) -> dict[str, Any]:
@@ -222,8 +226,10 @@ class RtcPolicy:
             prepared = self._policy.prepare(obs, RequestOptions(**kwargs, guidance=guidance, samples=samples))
             chunk, text, timing = self._policy.execute(prepared)
             reply = self._policy.finish(prepared, chunk, text)
+            method = {} if rtc is None else {"rtc_method": self.method}
             return {
                 **reply,
+                **method,
                 "policy_timing": timing,
                 **self.chunks.answered(arrival, chunk, reply["actions"], timing["infer_ms"] / 1000),
                 protocol.START: start,
@@ -236,13 +242,13 @@ class GuidanceSettings:
     robot sends (None: every action left in its current chunk, the executor's default), noise_dims,
     the leading model action dims the action noise is drawn on (None: all of them, as openpi draws it;
     the rest are 0, `draw_noise`), and fresh_samples, the chunks a request without `rtc` draws
-    (`RtcPolicy`)."""
+    (`RtcPolicy`; None: the model config's, `rtc_defaults`)."""
 
     schedule: str = "exp"
     max_guidance_weight: float = 5.0
     prefix_horizon: int | None = None
     noise_dims: int | None = None
-    fresh_samples: int = 1
+    fresh_samples: int | None = None
 
     def check(
         self, model: Pi05Config, *, execution: str, delays: Sequence[int], execution_horizon: int
@@ -257,10 +263,16 @@ class GuidanceSettings:
                 f"noise_dims must lie in [1, {model.action_dim}] (the model's action dims),"
                 f" got {self.noise_dims}"
             )
-        if not 1 <= self.fresh_samples <= MAX_SAMPLES:
+        if self.fresh_samples is not None and not 1 <= self.fresh_samples <= MAX_SAMPLES:
             raise InvalidArgumentError(
                 f"fresh_samples must lie in [1, {MAX_SAMPLES}], got {self.fresh_samples}"
             )
+
+    def for_policy(self, policy: Policy) -> "GuidanceSettings":
+        """These settings with fresh_samples resolved: the policy's config default where None."""
+        if self.fresh_samples is not None:
+            return self
+        return dataclasses.replace(self, fresh_samples=rtc_defaults.samples(policy.metadata))
 
     def fields(self) -> dict[str, Any]:
         """Its results.json fields."""
@@ -274,6 +286,8 @@ class GuidanceSettings:
 
 
 DEFAULT_GUIDANCE = GuidanceSettings()
+# One chunk per request whatever the model's config says: what the model alone samples.
+ONE_SAMPLE = GuidanceSettings(fresh_samples=1)
 
 
 def seeded_infer(
@@ -283,6 +297,7 @@ def seeded_infer(
     `rng`, one draw per request: the same seed gives every execution mode the same noise stream. A request
     that draws several chunks (`fresh_samples`) takes the others' noise from a stream spawned off `rng`,
     which leaves `rng`'s own draws as they are."""
+    guidance = guidance.for_policy(policy)
     served = RtcPolicy(
         policy,
         schedule=guidance.schedule,
@@ -293,13 +308,25 @@ def seeded_infer(
     others = rng.spawn(1)[0]
 
     def infer(obs: Mapping[str, Any]) -> dict[str, Any]:
-        noise = draw_noise(rng, shape, guidance.noise_dims)
-        if protocol.RTC not in obs and guidance.fresh_samples > 1:
-            extra = range(guidance.fresh_samples - 1)
-            noise = np.stack([noise, *(draw_noise(others, shape, guidance.noise_dims) for _ in extra)])
-        return served.infer(obs, noise=noise)
+        samples = guidance.fresh_samples if protocol.RTC not in obs else 1
+        return served.infer(obs, noise=draw_samples(rng, others, shape, guidance.noise_dims, samples))
 
     return infer
+
+
+def draw_samples(
+    rng: np.random.Generator,
+    others: np.random.Generator,
+    shape: tuple[int, int],
+    noise_dims: int | None,
+    samples: int,
+) -> np.ndarray:
+    """The noise of one request: [H, action_dim] from `rng` for one sample; for several, that draw first
+    and the others' from `others` [samples, H, action_dim], so `rng`'s stream is the same either way."""
+    noise = draw_noise(rng, shape, noise_dims)
+    if samples == 1:
+        return noise
+    return np.stack([noise, *(draw_noise(others, shape, noise_dims) for _ in range(samples - 1))])
 
 
 def draw_noise(rng: np.random.Generator, shape: tuple[int, int], noise_dims: int | None) -> np.ndarray:

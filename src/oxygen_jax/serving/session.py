@@ -49,6 +49,7 @@ import numpy as np
 
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.policies.policy import MAX_TASK_TOKENS, Policy, PreparedRequest, Speech
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import RobotChunks
@@ -348,6 +349,8 @@ class MultiRobotSession:
                 latency_s = time.perf_counter() - received
                 result.update(chunks.answered(arrival, reply.actions, result["actions"], latency_s))
                 result[protocol.START] = start
+                if guidance is not None:
+                    result["rtc_method"] = rtc_defaults.method(self._policy.engine.config.max_clean_prefix)
             answer(result)
 
         return ObservationWork(frame_input, on_actions, sender=request.client)

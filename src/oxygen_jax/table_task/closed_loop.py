@@ -1,7 +1,8 @@
 """The detour task in closed loop under simulated inference latency: a trained policy drives the gripper
-through the robot-side `client.Executor` in one of its modes (sync, naive, rtc), on the simulated clock of
-`client.simulated`. One episode ends when the gripper reaches the cube, enters the block or runs out of
-`max_steps` control steps.
+through the robot-side `client.Executor` in one of its modes (sync, naive, rtc; bid: as rtc, each chunk
+chosen by bidirectional decoding), on the simulated clock of `client.simulated`, each request's latency
+fixed or drawn (`client.latency`). One episode ends when the gripper reaches the cube, enters the block
+or runs out of `max_steps` control steps.
 """
 
 import dataclasses
@@ -11,13 +12,14 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from oxygen_jax.client import simulated
-from oxygen_jax.policies import rtc
+from oxygen_jax.client import latency, simulated
+from oxygen_jax.policies import bid_policy, rtc, rtc_defaults
 from oxygen_jax.policies.policy import Policy, create_policy
 from oxygen_jax.table_task import dataset, detour
 
 CONTROL_HZ = float(dataset.FPS)  # the demonstrations' rate
 MAX_STEPS = 120  # control steps per episode: ~5x a demonstration's length
+_LATENCY_STREAM = 1  # the latency draws' seed is (seed, episode, this)
 
 
 class DetourWorld:
@@ -72,8 +74,11 @@ def run_episode(
     execution_horizon: int,
     max_steps: int = MAX_STEPS,
     prefix_horizon: int | None = None,
+    latency_steps: Callable[[], float] | None = None,
+    delay_estimate: int | None = None,
 ) -> Episode:
-    """One episode of `infer` (a fresh `RtcPolicy.infer` per episode: it keeps the robot's last chunk)."""
+    """One episode of `infer` (a fresh `RtcPolicy.infer` per episode: it keeps the robot's last chunk);
+    latency_steps and delay_estimate as in `simulated.run`."""
     world = DetourWorld(scene)
     motion = simulated.run(
         world,
@@ -84,6 +89,8 @@ def run_episode(
         control_hz=CONTROL_HZ,
         max_ticks=max_steps,
         prefix_horizon=prefix_horizon,
+        latency_steps=latency_steps,
+        delay_estimate=delay_estimate,
     )
     return Episode(
         success=scene.reached(world.gripper) and not world.collided,
@@ -124,24 +131,32 @@ def evaluate(
     execution_horizon: int,
     max_steps: int = MAX_STEPS,
     guidance: rtc.GuidanceSettings = rtc.DEFAULT_GUIDANCE,
+    latencies: latency.LatencySettings = latency.NO_JITTER,
 ) -> dict[str, Any]:
     """`episodes` held-out scenes in closed loop; results.json's fields. The same seed gives every mode
-    and delay the same scenes and the same action noise, request by request."""
+    and delay the same scenes, the same action noise, request by request, and the same latency draws
+    (their own stream, so a run without jitter draws the noise it drew before)."""
     guidance.check(
         policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
     )
+    latencies.check(policy.engine.config.action_horizon)
+    guidance = guidance.for_policy(policy)
+    seeded_infer = bid_policy.seeded_infer if execution == "bid" else rtc.seeded_infer
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):
+        latency_rng = np.random.default_rng((seed, index, _LATENCY_STREAM))
         runs.append(
             run_episode(
-                rtc.seeded_infer(policy, guidance, np.random.default_rng((seed, index))),
+                seeded_infer(policy, guidance, np.random.default_rng((seed, index))),
                 next(stream),
                 execution=execution,
                 delay_steps=delay_steps,
                 execution_horizon=execution_horizon,
                 max_steps=max_steps,
                 prefix_horizon=guidance.prefix_horizon,
+                latency_steps=lambda rng=latency_rng: latency.draw(latencies.jitter, delay_steps, rng),
+                delay_estimate=latencies.delay_estimate,
             )
         )
     return {
@@ -153,9 +168,14 @@ def evaluate(
         "episodes": episodes,
         "seed": seed,
         "max_steps": max_steps,
-        # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix.
-        "rtc_method": "conditioned" if policy.engine.config.max_clean_prefix else "guided",
+        # How rtc keeps the executed actions: guidance, or a model trained with a clean prefix (None: bid,
+        # which chooses among plain samples instead).
+        "rtc_method": None
+        if execution == "bid"
+        else rtc_defaults.method(policy.engine.config.max_clean_prefix),
         **guidance.fields(),
+        **latencies.fields(),
+        **({"bid_weak_steps": bid_policy.default_weak_steps(policy.num_steps)} if execution == "bid" else {}),
         **summarize(runs),
     }
 

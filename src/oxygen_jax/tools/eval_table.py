@@ -7,8 +7,13 @@ robot runs `client.Executor` in the given mode on a simulated clock: while the n
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
 DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
 delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
-execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix) and the
-guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples).
+execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix), the
+guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
+latency_jitter and delay_estimate).
+
+Without method flags a model runs as its config says (`rtc_defaults`): pi05_detour_prefix conditions and
+keeps its first chunk among 8 samples, its best measured setting. `--execution=bid` chooses every chunk by
+bidirectional decoding among --fresh_samples samples (the baseline; policies/bid.py).
 
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
@@ -18,15 +23,21 @@ import pathlib
 from absl import app, flags
 
 from oxygen_jax import cli, config, preflight
-from oxygen_jax.client import MODES, simulated
-from oxygen_jax.policies import rtc
+from oxygen_jax.client import latency, simulated
+from oxygen_jax.policies import rtc, rtc_defaults
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
 )
 _CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "Checkpoint (default: the config's shipped one).")
-_EXECUTION = flags.DEFINE_enum("execution", "rtc", list(MODES), "How the robot switches between chunks.")
+_EXECUTION = flags.DEFINE_enum(
+    "execution",
+    "rtc",
+    list(simulated.EXECUTIONS),
+    "How the robot switches between chunks (bid: as rtc, "
+    "each chunk chosen among --fresh_samples samples by bidirectional decoding).",
+)
 _DELAY = flags.DEFINE_integer("delay_steps", None, "Control steps one inference takes (d).", lower_bound=0)
 _LATENCY = flags.DEFINE_float(
     "latency_ms", None, "Inference latency; d = ceil(latency * 10 Hz).", lower_bound=0
@@ -38,6 +49,15 @@ _HORIZON = flags.DEFINE_integer(
     lower_bound=0,
 )
 _GUIDANCE = cli.define_closed_loop_guidance_flags()
+_JITTER = flags.DEFINE_enum(
+    "latency_jitter",
+    "none",
+    list(latency.JITTERS),
+    "Each request's latency around d: none, uniform (+-50 %) or heavy_tail (Pareto, mean d).",
+)
+_DELAY_ESTIMATE = flags.DEFINE_integer(
+    "delay_estimate", None, "The d the robot sends with rtc (default: d itself).", lower_bound=0
+)
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
@@ -54,6 +74,11 @@ def main(_):
     )
     guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
     guidance.check(cfg.model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
+    latencies = latency.LatencySettings(_JITTER.value, _DELAY_ESTIMATE.value)
+    latencies.check(horizon)
+    samples = guidance.fresh_samples or rtc_defaults.metadata(cfg)["rtc_samples"]
+    if _EXECUTION.value == "bid" and samples < 2:
+        cli.fail(f"--execution=bid needs --fresh_samples >= 2 (the config's is {samples})")
     preflight.model(cfg, _CHECKPOINT.value, None)
     preflight.writable(_OUT.value, folder=True)
     policy = closed_loop.load_policy(_CONFIG.value, _CHECKPOINT.value)
@@ -65,6 +90,7 @@ def main(_):
         seed=_SEED.value,
         execution_horizon=execution_horizon,
         guidance=guidance,
+        latencies=latencies,
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")

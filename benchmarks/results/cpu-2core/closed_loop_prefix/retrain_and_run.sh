@@ -12,7 +12,7 @@ oxygen-train --config=pi05_detour_prefix --dataset="data/table_$task" --run_dir=
 for e in 6 5; do
   for d in 2 3 5; do
     for execution in sync naive rtc; do
-      python scripts/eval_table.py --config=pi05_detour_prefix --checkpoint_dir="$run" --episodes=1000 --seed=0 \
+      python scripts/eval_table.py --config=pi05_detour_prefix --checkpoint_dir="$run" --episodes=1000 --seed=0 --fresh_samples=1 \
         --out="$out/e_1000/${execution}_d${d}_e${e}" --execution=$execution --delay_steps=$d \
         --execution_horizon=$e 2>/dev/null
     done

@@ -9,5 +9,5 @@ set -euo pipefail
 steps=$1
 run=runs/pi05_detour_prefix_steps_$steps out=benchmarks/results/cpu-2core/closed_loop_prefix/steps_$steps
 bash benchmarks/results/cpu-2core/closed_loop_prefix/retrain_and_run.sh detour_recovery "$run" "$out" "$steps"
-python scripts/sweep_eval_table.py --config=pi05_detour_prefix --checkpoint_dir="$run" --episodes=200 --seed=0 \
+python scripts/sweep_eval_table.py --config=pi05_detour_prefix --checkpoint_dir="$run" --episodes=200 --seed=0 --fresh_samples=1 \
   --out="$out" 2>/dev/null

@@ -7,11 +7,11 @@
 #   bash benchmarks/results/cpu-2core/closed_loop_prefix/run.sh
 set -euo pipefail
 out=benchmarks/results/cpu-2core/closed_loop_prefix
-python scripts/sweep_eval_table.py --config=pi05_detour_prefix --episodes=200 --seed=0 --out=$out 2>/dev/null
+python scripts/sweep_eval_table.py --config=pi05_detour_prefix --episodes=200 --seed=0 --fresh_samples=1 --out=$out 2>/dev/null
 for e in 6 5; do
   for d in 2 3 5; do
     for execution in sync naive rtc; do
-      python scripts/eval_table.py --config=pi05_detour_prefix --episodes=1000 --seed=0 \
+      python scripts/eval_table.py --config=pi05_detour_prefix --episodes=1000 --seed=0 --fresh_samples=1 \
         --out="$out/e_1000/${execution}_d${d}_e${e}" --execution=$execution --delay_steps=$d \
         --execution_horizon=$e 2>/dev/null
     done
