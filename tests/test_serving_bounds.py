@@ -215,6 +215,17 @@ def test_requests_past_the_rate_are_refused_slowed_counted_and_logged_once(caplo
     assert log_lines(caplog, "Too many requests") == 1
 
 
+def test_a_bad_request_costs_several_under_the_rate():
+    """At 50 requests a second in bursts of 50, five bad requests spend the burst (each costs
+    `BAD_REQUEST_COST` = 10): the sixth message is refused for the rate, unread."""
+    with served(max_requests_per_s=50) as running, robot(running.port) as connection:
+        for _ in range(6):
+            connection.send("not msgpack")
+        replies = [connection.recv(timeout=10) for _ in range(6)]
+    assert all(reply.startswith("Bad request") for reply in replies[:5])
+    assert replies[5].startswith("Too many requests"), replies[5]
+
+
 def test_repeated_bad_requests_are_counted_and_logged_once_per_connection(caplog):
     caplog.set_level(logging.INFO, SERVER_LOGGER)
     with served() as running:

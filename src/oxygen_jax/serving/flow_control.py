@@ -74,6 +74,10 @@ class TokenBucket:
         """Takes a token if one is there."""
         return self.reserve(0.0) is not None
 
+    def spend(self, tokens: float) -> None:
+        """Takes `tokens` whether or not they are there (the bucket may go negative: a debt to refill)."""
+        self._tokens = self.tokens - tokens
+
     def wait_s(self) -> float:
         """How long until a token is there (none is taken)."""
         return max(0.0, (1.0 - self.tokens) / self.rate)

@@ -45,9 +45,10 @@ No client can stall or lock out the others (`ServerLimits`):
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
   either, reading pauses and TCP pushes back, but a connection with nothing pending is always read; each
   frame counts ``FRAME_CHARGE`` bytes more than its payload, so a flood of tiny frames is bounded too);
-  requests per connection and second (``max_requests_per_s``; past it a request is refused unread and
-  the connection is not read again until the rate allows one more, so a flood costs the server at most
-  twice that rate in messages);
+  requests per connection and second (``max_requests_per_s``, a bad request counting
+  ``BAD_REQUEST_COST``; past it a request is refused unread and the connection is not read again until
+  the rate allows one more, so a flood costs the server at most twice that rate in messages, and a flood
+  of bad requests a fifth of it);
   handshakes per second (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``,
   then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
@@ -126,6 +127,9 @@ DRAIN_GRACE_S = 0.2
 # What each frame received counts in the read budget beyond its payload (the frame's own objects), so
 # that tiny frames cannot queue up in their millions under a byte bound.
 FRAME_CHARGE = 1024
+# What a bad request costs under `max_requests_per_s`, in requests: robots rarely send one, a flood of them
+# is the cheapest attack, and each costs the event loop (and the runtime thread, through the GIL).
+BAD_REQUEST_COST = 10
 # Text events a subscriber may leave unread before it is closed.
 MAX_UNSENT_EVENTS = 1024
 # A bad request's line quotes at most this much of the problem.
@@ -623,7 +627,7 @@ class _ConnectionHandler:
                         continue
                     request = _decoded(message)
                     del message  # the raw bytes are not held while the request is served
-                    prev_total_ms = await self._serve_request(websocket, request, prev_total_ms)
+                    prev_total_ms = await self._serve_request(websocket, request, prev_total_ms, bucket)
                 finally:
                     websocket.answered(size)
         finally:
@@ -642,18 +646,26 @@ class _ConnectionHandler:
         await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
 
     async def _serve_request(
-        self, websocket: _Connection, request: dict | BadRequestError, prev_total_ms: float | None
+        self,
+        websocket: _Connection,
+        request: dict | BadRequestError,
+        prev_total_ms: float | None,
+        rate: TokenBucket | None = None,
     ) -> float | None:
-        """Answers one decoded request (or refuses one that did not decode); returns its receipt-to-reply
-        time when it was answered with actions (else `prev_total_ms` as it was)."""
+        """Answers one decoded request (or refuses one that did not decode; a bad request costs the
+        connection's `rate` `BAD_REQUEST_COST` requests); returns its receipt-to-reply time when it was
+        answered with actions (else `prev_total_ms` as it was)."""
         received = time.monotonic()
         error_kind = None
-        try:
-            if isinstance(request, BadRequestError):
-                raise request
-            reply = await self._answer(request, prev_total_ms)
-        except Exception as error:
-            reply, error_kind = self._error_line(websocket, error), _error_kind(error)
+        if isinstance(request, BadRequestError):  # not raised: its traceback would hold this frame
+            reply, error_kind = self._error_line(websocket, request), _error_kind(request)
+        else:
+            try:
+                reply = await self._answer(request, prev_total_ms)
+            except Exception as error:
+                reply, error_kind = self._error_line(websocket, error), _error_kind(error)
+        if error_kind == "bad_request" and rate is not None:
+            rate.spend(BAD_REQUEST_COST - 1)
         await websocket.send(reply)
         metrics.record(self._backend, time.monotonic() - received, error_kind)
         if isinstance(reply, bytes):
