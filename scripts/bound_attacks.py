@@ -217,6 +217,21 @@ def _handshakes(count: int) -> Attack:
     return run
 
 
+def warm_crowd(url: str, headers: Headers, message: bytes, robots: int = 6, rounds: int = 3) -> None:
+    """`robots` robots send `message` at once, `rounds` times: the server's first batches of that size
+    (programs, buffers) are made before any attack, so an attack's memory is its own."""
+
+    def robot(_: int) -> None:
+        with connect(url, headers) as websocket:
+            websocket.recv(timeout=60)  # metadata
+            for _ in range(rounds):
+                websocket.send(message)
+                websocket.recv(timeout=600)  # the first batch of a size may compile
+
+    with concurrent.futures.ThreadPoolExecutor(robots) as pool:
+        list(pool.map(robot, range(robots)))
+
+
 def kept_sending_at_shutdown(
     url: str, headers: Headers, base: dict[str, Any], stop: Callable[[], None], robots: int = 4
 ) -> Outcome:

@@ -4,7 +4,8 @@
   python scripts/probe_isolation.py --server=localhost:8000 --env=libero --api_key=KEY  # already running
 
 Without `--server`, starts `scripts/serve.py --config=pi05_tiny` (random init, language on, text tasks
-on, `--api_key`, its log to a file) on a free port, probes it, then sends SIGTERM while four robots keep
+on, `--api_key`, its log to a file) on a free port, serves six robots at once a few times (so that
+first-time batches are made before memory is measured), probes it, then sends SIGTERM while four robots keep
 sending (every request must be answered or refused in one line, and the server must exit within its
 `--drain_timeout_s`), and measures the server's RSS throughout. The stall and lock-out attacks of
 `stall_attacks.py` and the byte and rate attacks of `bound_attacks.py` follow the malformed requests
@@ -36,6 +37,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 from oxygen_jax.policies import aloha, droid, libero
+from oxygen_jax.serving import msgpack_numpy
 
 _SERVER = flags.DEFINE_string("server", None, "host:port of a running server (default: start one).")
 _ENV = flags.DEFINE_enum("env", "libero", ["libero", "droid", "aloha"], "Robot whose inputs to attack.")
@@ -76,7 +78,7 @@ def _start_server(port: int, log: pathlib.Path) -> subprocess.Popen:
         if server.poll() is not None:
             raise SystemExit(f"serve.py exited with {server.returncode} before it was ready")
         try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=1)  # warmed up
             return server
         except OSError:
             time.sleep(0.5)
@@ -109,6 +111,8 @@ def main(_):
         server.send_signal(signal.SIGTERM)
 
     try:
+        headers = hostile_probe.auth_headers(_API_KEY.value)
+        bound_attacks.warm_crowd(url, headers, msgpack_numpy.packb(hostile_probe.valid_observation(spec)))
         if rss is not None:
             rss.start()
         report = hostile_probe.probe(
@@ -122,7 +126,7 @@ def main(_):
         table = stall_attacks.stall_table(report, stalls, rss)
         if server is not None:
             shutdown = bound_attacks.kept_sending_at_shutdown(
-                url, hostile_probe.auth_headers(_API_KEY.value), hostile_probe.valid_observation(spec), stop
+                url, headers, hostile_probe.valid_observation(spec), stop
             )
             server.wait(timeout=_DRAIN_TIMEOUT_S.value + 60)
             exit_s, drain = time.perf_counter() - signalled[0], _DRAIN_TIMEOUT_S.value
