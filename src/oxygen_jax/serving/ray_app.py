@@ -151,6 +151,18 @@ class FleetConfig:
         return self.max_replicas is not None if self.relay_robots is None else self.relay_robots
 
 
+async def _accepts(address: str) -> bool:
+    """Whether a server listens at host:port (a TCP connection opens within `PROBE_TIMEOUT_S`). Defined
+    before the replica class, which Serve's ingress serializes with the globals it sees then."""
+    host, port = address.rsplit(":", 1)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), PROBE_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
 @serve.deployment(name="ServerReplica")
 @serve.ingress(ingress)
 class ServerReplica:
@@ -242,17 +254,6 @@ class ServerReplica:
     async def _forward(self, request: Request) -> Response:
         status, body, content_type = await relay.forward_get(request, f"http://{self._url}")
         return Response(body, status_code=status, media_type=content_type)
-
-
-async def _accepts(address: str) -> bool:
-    """Whether a server listens at host:port (a TCP connection opens within `PROBE_TIMEOUT_S`)."""
-    host, port = address.rsplit(":", 1)
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), PROBE_TIMEOUT_S)
-    except (OSError, TimeoutError):
-        return False
-    writer.close()
-    return True
 
 
 def application(server: ServerConfig, fleet: FleetConfig, gpus: bool = False) -> serve.Application:
