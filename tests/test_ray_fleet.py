@@ -233,6 +233,9 @@ def test_a_serve_config_files_args_describe_the_server_and_fleet_and_size_each_r
         "max_replicas": 8,
         "target_ongoing_requests": 4.0,
     }
+    assert fleet.relays_robots  # autoscaling counts relayed connections
+    assert not ray_app.FleetConfig(replicas=2).relays_robots
+    assert ray_app.FleetConfig(replicas=2, relay_robots=True).relays_robots
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         ray_app.FleetConfig(replicas=3, max_replicas=2)
 
