@@ -199,18 +199,19 @@ def websocket(port: int, path: str = "", **options: Any) -> websockets.sync.clie
     return websockets.sync.client.connect(f"ws://127.0.0.1:{port}{path}", compression=None, **options)
 
 
-def http_get(port: int, path: str, timeout_s: float = 10) -> tuple[int, str]:
+def http_get(port: int, path: str, timeout_s: float = 10, headers: dict | None = None) -> tuple[int, str]:
     """(status, body) of a GET on the server on `port` (loopback), error statuses included."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", headers=headers or {})
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as error:
         return error.code, error.read().decode()
 
 
-def metric_samples(port: int, timeout_s: float = 10) -> list[Sample]:
+def metric_samples(port: int, timeout_s: float = 10, headers: dict | None = None) -> list[Sample]:
     """Every sample of the server's /metrics, parsed by prometheus_client's own parser."""
-    status, text = http_get(port, "/metrics", timeout_s)
+    status, text = http_get(port, "/metrics", timeout_s, headers)
     assert status == 200, text
     return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
 

@@ -1,5 +1,6 @@
 """A fleet on Ray Serve (a local cluster on 127.0.0.1 started here): two CPU replicas of the tiny model
-behind the Ray proxy, reached by unmodified openpi clients; one cluster serves every test of the module
+behind the Ray proxy, with an API key, reached by unmodified openpi clients (redirected by the ingress to
+their replica's own server); one cluster serves every test of the module
 (on 2 cores: Ray starts in ~5 s, Serve's proxy in ~1 s, the two replicas load and warm up in ~30 s)."""
 
 import contextlib
@@ -23,6 +24,7 @@ from conftest import (
     text_budget,
     websocket,
 )
+from websockets.exceptions import InvalidStatus
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -31,6 +33,7 @@ pytest.importorskip("openpi_client.websocket_client_policy")
 from oxygen_jax.runtime.runtime import RuntimeConfig  # noqa: E402
 from oxygen_jax.serving import msgpack_numpy, ray_app  # noqa: E402
 from oxygen_jax.serving.server_config import ServerConfig  # noqa: E402
+from oxygen_jax.serving.websocket_server import ServerLimits  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 
@@ -38,6 +41,8 @@ REPLICAS = 2
 CLIENTS = 4
 REQUESTS = 50
 NOISES = 3
+API_KEY = "s3cret"
+KEYED = {"Authorization": f"Api-Key {API_KEY}"}
 SERVER = ServerConfig(
     "pi05_tiny",
     str(GOLDEN / "checkpoint"),
@@ -46,6 +51,7 @@ SERVER = ServerConfig(
     max_text_tokens=MAX_TEXT_TOKENS,
     runtime=RuntimeConfig(max_slots=CLIENTS, max_new_tokens=MAX_TEXT_TOKENS, max_prefill_batch=2),
     rtc=False,
+    limits=ServerLimits(api_key=API_KEY),
 )
 
 
@@ -85,7 +91,7 @@ class Robot:
         self._connect()
 
     def _connect(self) -> None:
-        self.connection = openpi_client(self.port)
+        self.connection = openpi_client(self.port, api_key=API_KEY)
         self.replicas.append(self.connection.get_server_metadata()["replica_id"])
 
     def infer(self, obs: dict) -> dict:
@@ -129,7 +135,7 @@ def assert_equal_to_alone(replies: list, client: int, alone: tuple[dict, dict]) 
 def text_subscriber(port: int):
     """A `/text` subscriber on the Ray port; yields the robot ids of the finished texts it received so far
     (a function)."""
-    with websocket(port, "/text") as subscriber:
+    with websocket(port, "/text", additional_headers=KEYED) as subscriber:
         finished: list[str] = []
 
         def received() -> set[str]:
@@ -156,14 +162,28 @@ def test_an_openpi_client_through_the_ray_proxy_is_served_by_a_named_replica_as_
     assert robot.errors == 0 and robot.replicas[0]
     assert_equal_to_alone(replies, 0, alone)
     assert any(reply.get("text_done") for _, reply in replies)
-    assert "oxygen_action_latency_seconds" in http_get(fleet, "/metrics", timeout_s=30)[1]
+    assert "oxygen_action_latency_seconds" in http_get(fleet, "/metrics", timeout_s=30, headers=KEYED)[1]
+
+
+@pytest.mark.integration
+def test_robots_are_redirected_to_their_replicas_own_server_in_turn_and_a_wrong_key_gets_401(
+    fleet, noises, alone
+):
+    robots = [Robot(fleet) for _ in range(REPLICAS)]
+    ports = {robot.connection._ws.remote_address[1] for robot in robots}
+    assert fleet not in ports and len(ports) == REPLICAS  # straight to each replica's server, one each
+    assert len({robot.replicas[0] for robot in robots}) == REPLICAS
+    assert_equal_to_alone(run_robot(robots[0], 0, noises, NOISES), 0, alone)
+    for headers in ({}, {"Authorization": "Api-Key wrong"}):
+        with pytest.raises(InvalidStatus, match="401"):
+            websocket(fleet, "/", additional_headers=headers)
 
 
 def replica_requests(port: int) -> dict[str, float]:
     """Requests each replica counted, scraping /metrics through the proxy until both replicas answered."""
     counted: dict[str, float] = {}
     for _ in range(60):
-        samples = metric_samples(port, timeout_s=30)
+        samples = metric_samples(port, timeout_s=30, headers=KEYED)
         (replica,) = [item.labels["replica_id"] for item in samples if item.name == "oxygen_server_info"]
         counted[replica] = sum(sample.value for sample in samples if sample.name == "oxygen_requests_total")
         if len(counted) == REPLICAS:
@@ -213,6 +233,9 @@ def test_a_serve_config_files_args_describe_the_server_and_fleet_and_size_each_r
         "max_replicas": 8,
         "target_ongoing_requests": 4.0,
     }
+    assert fleet.relays_robots  # autoscaling counts relayed connections
+    assert not ray_app.FleetConfig(replicas=2).relays_robots
+    assert ray_app.FleetConfig(replicas=2, relay_robots=True).relays_robots
     with pytest.raises(ValueError, match="min_replicas <= max_replicas"):
         ray_app.FleetConfig(replicas=3, max_replicas=2)
 

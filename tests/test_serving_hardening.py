@@ -16,7 +16,7 @@ from conftest import OPENPI_CLIENT_WARNING, http_get, openpi_client, raw_observa
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving import msgpack_numpy, tickets
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.request_decoding import MAX_CONTAINERS, BadRequestError, decode_request
 from oxygen_jax.serving.request_schema import CheckedRequest
@@ -249,6 +249,16 @@ def test_an_api_key_is_needed_by_robots_and_text_but_not_by_health_checks():
             server = str(healthz.headers.get("Server"))
         assert http_get(running.port, "/readyz")[0] == 200
         assert "websockets" not in server and "Python" not in server
+
+
+def test_a_valid_ticket_in_the_query_stands_in_for_the_api_key_and_a_stale_or_forged_one_does_not():
+    with served(ServerLimits(api_key="s3cret")) as running:
+        for ticket in (tickets.mint("s3cret", time.time() - 60), tickets.mint("other"), "9999999999.00"):
+            with pytest.raises(InvalidStatus, match="401"):
+                websocket(running.port, f"/?ticket={ticket}")
+        with websocket(running.port, f"/?ticket={tickets.mint('s3cret')}") as ticketed:
+            ticketed.recv(timeout=10)  # the metadata
+            np.testing.assert_array_equal(ask(ticketed, {"state": STATE})["actions"], STATE * 3)
 
 
 # --- 5. lossless drain ---

@@ -5,8 +5,9 @@ waits for `/readyz`, and runs R closed-loop robots (openpi clients in threads, b
 time) for a few seconds per R: replies per second, action latency (client send to reply) p50 / p99,
 errors and the replicas that served. Memory is each server process's (each replica's) resident set, read
 from `/metrics` (`process_resident_memory_bytes`). The Ray proxy's cost per request: a one-replica
-fleet's p50 at one robot (no queueing) through the proxy, minus the same replica's p50 reached directly
-(its own server's address, asked through a `DeploymentHandle`), measured one after the other.
+fleet's p50 at one robot (no queueing) connected through the proxy (which redirects it to the replica's
+server, or relays it with `--relay_robots`), minus the same replica's p50 reached directly (its own
+server's address, asked through a `DeploymentHandle`), measured one after the other.
 """
 
 import contextlib

@@ -4,19 +4,27 @@ own device, behind Ray Serve's FastAPI ingress.
 Each replica builds its server from a `ServerConfig` exactly as `oxygen-serve` does, warms it up (Ray
 starts routing to the replica once its constructor returns, and `check_health` fails unless warm-up is
 done), and runs the same websocket server (`websocket_server.BackgroundServer`) on its node's address on a
-port of its own. The ingress only relays: a robot's websocket (`/`) is joined frame for frame to a
-connection to that server, and `GET /healthz`, `/readyz` and `/metrics` are forwarded to it with the
-request's `Authorization` header. So the openpi protocol, the limits and every check stay one
-implementation, and a connection stays on one replica for its life (its language requests and chunk state
-live there). The metadata a robot receives on connect names that replica (`replica_id`), and
+port of its own. A robot reaches that server directly: the ingress answers its websocket handshake (`/`)
+with HTTP 307 to a replica's server address (`ws://host:port/`, the replicas taken in turn from a
+directory actor, `ReplicaDirectory`, skipping one that does not accept a TCP connection), which openpi's
+client (`websockets`) follows, so its frames cross no proxy. With an API key the ingress checks the
+header itself and puts a short-lived ticket in the redirect (`serving/tickets.py`), since the client drops
+the header on a redirect to another origin. An autoscaling fleet (or `relay_robots=True`, or a proxy
+without the ASGI `websocket.http.response` extension) relays instead: the robot's websocket is joined
+frame for frame to a connection to the server of the replica the proxy picked (`relay.join`), so the
+connection counts as an ongoing request for its life, which is what the autoscaler scales on.
+`GET /healthz`, `/readyz` and `/metrics` are forwarded to the server with the request's `Authorization`
+header. So the openpi protocol, the limits and every check stay one implementation, and a connection stays
+on one replica for its life (its language requests and chunk state live there). The metadata a robot
+receives on connect names that replica (`replica_id`), and
 `oxygen_server_info{replica_id=...}` labels each replica's `/metrics` (a scrape through the proxy reaches
-one replica). A `/text` subscriber receives every replica's text: each replica lists its server's `/text`
-in a directory actor (`TextSources`), and the replica a subscriber reaches merges them all
-(`relay.fan_in`).
+one replica). A `/text` subscriber receives every replica's text: each replica lists its server in the
+directory, and the replica a subscriber reaches merges every server's `/text` (`relay.fan_in`).
 
-A robot connection is one ongoing request for as long as it is open, so `max_ongoing_requests` (the
-replica's language slots, plus room for a `/text` subscriber and a probe) bounds the robots a replica
-holds, and Ray's autoscaler scales on connected robots (`target_ongoing_requests`). A replica reserves one
+A relayed robot connection is one ongoing request for as long as it is open, so `max_ongoing_requests`
+(the replica's language slots, plus room for a `/text` subscriber and a probe) bounds the robots a replica
+holds, and Ray's autoscaler scales on connected robots (`target_ongoing_requests`); a redirected robot is
+bounded by its server's `max_connections`. A replica reserves one
 GPU when the cluster has any (JAX then sees that one), else `replica_cpus` CPUs.
 """
 
@@ -28,10 +36,11 @@ from typing import Any
 
 import ray
 from fastapi import FastAPI, Request, Response, WebSocket
+from fastapi.responses import PlainTextResponse, RedirectResponse
 from ray import serve
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving import relay
+from oxygen_jax.serving import relay, tickets
 from oxygen_jax.serving.server_config import ServerConfig
 from oxygen_jax.serving.websocket_server import TEXT_PATH, BackgroundServer, ServerLimits
 
@@ -40,31 +49,46 @@ logger = logging.getLogger(__name__)
 APP_NAME = "oxygen"
 # Ongoing requests a replica takes beyond its robots: a /text subscriber and a health or metrics probe.
 EXTRA_REQUESTS = 2
-TEXT_SOURCES = f"{APP_NAME}-text-sources"
+DIRECTORY = f"{APP_NAME}-replicas"
+# The ASGI extension that lets a websocket route answer its handshake with an HTTP response.
+HTTP_RESPONSE = "websocket.http.response"
+# How long the ingress waits for a replica's server to accept a TCP connection before it tries the next.
+PROBE_TIMEOUT_S = 1.0
 
 ingress = FastAPI()
 
 
-class TextSources:
-    """The directory of the replicas' `/text` URLs: one named actor per application."""
+class ReplicaDirectory:
+    """The replicas' server addresses (host:port), by replica id: one named actor per application. A
+    replica adds itself when it starts and again at each health check (so one dropped by mistake comes
+    back), and removes itself when it stops."""
 
     def __init__(self) -> None:
-        self._urls: dict[str, str] = {}
+        self._addresses: dict[str, str] = {}
+        self._turn = 0
 
-    def add(self, replica_id: str, url: str) -> None:
-        self._urls[replica_id] = url
+    def add(self, replica_id: str, address: str) -> None:
+        self._addresses[replica_id] = address
 
     def remove(self, replica_id: str) -> None:
-        self._urls.pop(replica_id, None)
+        self._addresses.pop(replica_id, None)
 
-    def urls(self) -> list[str]:
-        return list(self._urls.values())
+    def addresses(self) -> list[str]:
+        return list(self._addresses.values())
+
+    def in_turn(self) -> list[tuple[str, str]]:
+        """Every (replica id, address), starting one further each call: the order robots are sent in."""
+        replicas = list(self._addresses.items())
+        if not replicas:
+            return []
+        self._turn = (self._turn + 1) % len(replicas)
+        return replicas[self._turn :] + replicas[: self._turn]
 
 
-def text_sources() -> Any:
-    """The application's `TextSources` actor (created by the first replica; it outlives replicas)."""
-    actor = ray.remote(TextSources).options(
-        name=TEXT_SOURCES, namespace="serve", get_if_exists=True, lifetime="detached", num_cpus=0
+def directory() -> Any:
+    """The application's `ReplicaDirectory` actor (created by the first replica; it outlives replicas)."""
+    actor = ray.remote(ReplicaDirectory).options(
+        name=DIRECTORY, namespace="serve", get_if_exists=True, lifetime="detached", num_cpus=0
     )
     return actor.remote()
 
@@ -76,7 +100,10 @@ class FleetConfig:
     replicas: a fixed count, or the fewest with autoscaling (`max_replicas` above it; `min_replicas`
     overrides the fewest); target_ongoing_requests: connected robots per replica the autoscaler aims for
     (default half a replica's robots); num_gpus: per replica (None: 1 when the cluster has a GPU, else 0);
-    ray_address: the cluster to join (None: start a local one on 127.0.0.1).
+    ray_address: the cluster to join (None: start a local one on 127.0.0.1); relay_robots: relay robots'
+    frames through the ingress instead of redirecting them to their replica's server (None: relay when
+    autoscaling, whose signal is the relayed connections; set True where robots cannot reach the
+    replicas' node addresses).
     """
 
     replicas: int = 1
@@ -88,6 +115,7 @@ class FleetConfig:
     ray_address: str | None = None
     host: str = "127.0.0.1"
     port: int = 8000
+    relay_robots: bool | None = None
 
     def __post_init__(self) -> None:
         """A one-line ValueError for counts no fleet can have."""
@@ -118,21 +146,39 @@ class FleetConfig:
             }
         return options
 
+    @property
+    def relays_robots(self) -> bool:
+        return self.max_replicas is not None if self.relay_robots is None else self.relay_robots
+
+
+async def _accepts(address: str) -> bool:
+    """Whether a server listens at host:port (a TCP connection opens within `PROBE_TIMEOUT_S`). Defined
+    before the replica class, which Serve's ingress serializes with the globals it sees then."""
+    host, port = address.rsplit(":", 1)
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port)), PROBE_TIMEOUT_S)
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    return True
+
 
 @serve.deployment(name="ServerReplica")
 @serve.ingress(ingress)
 class ServerReplica:
     """One whole server behind the ingress (see the module docstring)."""
 
-    def __init__(self, server: ServerConfig) -> None:
+    def __init__(self, server: ServerConfig, relay_robots: bool = False) -> None:
+        self._api_key = server.limits.api_key
+        self._relay_robots = relay_robots
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._backend = server.build_backend(replica_id=self.replica_id)
         host = ray.util.get_node_ip_address()  # other replicas' /text subscribers read it too
         self._server = BackgroundServer(self._backend, host, 0, limits=server.limits).start()
         self._backend.warmup()
         self._url = f"{host}:{self._server.port}"
-        self._sources = text_sources()
-        ray.get(self._sources.add.remote(self.replica_id, f"ws://{self._url}{TEXT_PATH}"))
+        self._directory = directory()
+        ray.get(self._directory.add.remote(self.replica_id, self._url))
         logger.info("replica %s serves on ws://%s", self.replica_id, self._url)
 
     def address(self) -> str:
@@ -145,11 +191,12 @@ class ServerReplica:
         if not self._backend.ready:
             raise RuntimeError(f"replica {self.replica_id} is not warmed up")
         self._server.port  # noqa: B018  (raises once the server stopped)
+        self._directory.add.remote(self.replica_id, self._url)
 
     def __del__(self) -> None:
-        sources = getattr(self, "_sources", None)
-        if sources is not None:
-            sources.remove.remote(self.replica_id)
+        replicas = getattr(self, "_directory", None)
+        if replicas is not None:
+            replicas.remove.remote(self.replica_id)
         server = getattr(self, "_server", None)
         if server is not None:
             server.stop()
@@ -159,14 +206,26 @@ class ServerReplica:
 
     @ingress.websocket("/")
     async def robot(self, client: WebSocket) -> None:
-        await self._relay(client, "/")
+        if self._relay_robots or HTTP_RESPONSE not in client.scope.get("extensions", {}):
+            await relay.join(client, f"ws://{self._url}/")
+            return
+        key = self._api_key
+        if key is not None and not tickets.header_carries_key(client.headers.getlist("authorization"), key):
+            unauthorized = f"Unauthorized: send {tickets.AUTH_HEADER}\n"
+            await client.send_denial_response(PlainTextResponse(unauthorized, status_code=401))
+            return
+        query = "" if key is None else f"?{tickets.TICKET_PARAM}={tickets.mint(key)}"
+        location = f"ws://{await self._robot_address()}/{query}"
+        await client.send_denial_response(RedirectResponse(location, status_code=307))
 
     @ingress.websocket(TEXT_PATH)
     async def text(self, client: WebSocket) -> None:
         query = f"?{client.url.query}" if client.url.query else ""
 
         async def sources() -> list[str]:
-            return [url + query for url in await self._sources.urls.remote()]
+            return [
+                f"ws://{address}{TEXT_PATH}{query}" for address in await self._directory.addresses.remote()
+            ]
 
         await relay.fan_in(client, sources)
 
@@ -182,8 +241,15 @@ class ServerReplica:
     async def metrics(self, request: Request) -> Response:
         return await self._forward(request)
 
-    async def _relay(self, client: WebSocket, path: str) -> None:
-        await relay.join(client, f"ws://{self._url}{path}")
+    async def _robot_address(self) -> str:
+        """The next replica's server address in turn that accepts a TCP connection (one that does not is
+        dropped from the directory until its next health check), else this replica's."""
+        for replica_id, address in await self._directory.in_turn.remote():
+            if address == self._url or await _accepts(address):
+                return address
+            logger.warning("replica %s at %s does not answer: skipped", replica_id, address)
+            self._directory.remove.remote(replica_id)
+        return self._url
 
     async def _forward(self, request: Request) -> Response:
         status, body, content_type = await relay.forward_get(request, f"http://{self._url}")
@@ -192,7 +258,7 @@ class ServerReplica:
 
 def application(server: ServerConfig, fleet: FleetConfig, gpus: bool = False) -> serve.Application:
     """The Ray Serve application of `fleet` replicas of `server` (for `serve.run`)."""
-    return ServerReplica.options(**fleet.deployment_options(server, gpus)).bind(server)
+    return ServerReplica.options(**fleet.deployment_options(server, gpus)).bind(server, fleet.relays_robots)
 
 
 def configs(args: dict[str, Any]) -> tuple[ServerConfig, FleetConfig]:
@@ -255,7 +321,7 @@ def serve_fleet(server: ServerConfig, fleet: FleetConfig) -> None:
         asyncio.run(wait())
     finally:
         serve.delete(APP_NAME)
-        ray.kill(text_sources())
+        ray.kill(directory())
         if fleet.ray_address is None:
             serve.shutdown()
             ray.shutdown()

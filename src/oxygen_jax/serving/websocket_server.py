@@ -38,9 +38,10 @@ No client can stall or lock out the others (`ServerLimits`):
   ``receive_timeout_s`` of its first frame, or its connection is closed with 1008 (a trickled single
   frame is bounded by the idle timeout, as no part of it is handed over before its end);
 - with ``api_key`` set, robot connections and ``/text`` need the header openpi-client sends for its
-  ``api_key`` (`AUTH_HEADER`), else HTTP 401; an address that failed ``FAILED_KEY_BURST`` times gets
-  HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second). ``/healthz`` and ``/readyz`` stay open.
-  The ``Server`` header names no versions;
+  ``api_key`` (`AUTH_HEADER`), or an unexpired ticket minted with the key in the query (``?ticket=``,
+  `serving/tickets.py`: what a fleet's ingress redirects a robot with), else HTTP 401; an address that
+  failed ``FAILED_KEY_BURST`` times gets HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second).
+  ``/healthz`` and ``/readyz`` stay open. The ``Server`` header names no versions;
 - what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
   either, reading pauses and TCP pushes back, but a connection with nothing pending is always read; each
@@ -68,7 +69,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import hmac
 import http
 import logging
 import signal
@@ -90,6 +90,8 @@ from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import metrics, msgpack_numpy
 from oxygen_jax.serving.flow_control import LogThrottle, ReadBudget, TokenBucket
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
+from oxygen_jax.serving.tickets import AUTH_HEADER, TICKET_PARAM, header_carries_key
+from oxygen_jax.serving.tickets import valid as valid_ticket
 
 logger = logging.getLogger(__name__)
 
@@ -118,8 +120,6 @@ class TextStreamBackend(PolicyBackend, Protocol):
 
 TEXT_PATH = "/text"
 ROBOT, TEXT = "robot", "text"
-# What openpi-client's `WebsocketClientPolicy(api_key=...)` sends.
-AUTH_HEADER = "Authorization: Api-Key <key>"
 # Requests that arrive within this of the drain's start (sent before it, still in the sockets' buffers)
 # count as received before it; and a draining server waits this long, after a connection's last byte,
 # for the rest of a request it owes.
@@ -526,13 +526,14 @@ class _ConnectionHandler:
         self._log.log(level, (address, reason), what, "Refused %s: %s", connection.remote_address, detail)
 
     def _authorized(self, request: Request) -> bool:
-        """Whether the request carries the server's API key as openpi-client sends it (always, without a
-        key); compared in constant time."""
-        if self._limits.api_key is None:
+        """Whether the request carries the server's API key as openpi-client sends it, or one valid ticket
+        in its query (always, without a key); compared in constant time."""
+        key = self._limits.api_key
+        if key is None or header_carries_key(request.headers.get_all("Authorization"), key):
             return True
-        sent = request.headers.get_all("Authorization")
-        expected = f"Api-Key {self._limits.api_key}".encode()
-        return len(sent) == 1 and hmac.compare_digest(sent[0].encode(), expected)
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(request.path).query)
+        tickets = query.get(TICKET_PARAM, [])
+        return len(tickets) == 1 and valid_ticket(tickets[0], key)
 
     def _readiness(self, connection: ServerConnection) -> Response:
         """200 "ready" when the backend is ready, the server is not draining and a robot can connect;

@@ -46,7 +46,8 @@ is taken) and `GET /metrics`
 
 `--ray --replicas=2` serves the same server as replicas of a Ray Serve application (`serving/ray_app.py`):
 on a local Ray cluster, or on a running one with `--ray_address=auto`; robots connect to `--port` of the Ray
-proxy, unchanged. `--max_replicas` above `--min_replicas` autoscales on connected robots instead.
+proxy, unchanged, which redirects each to its replica's own server (`--relay_robots` relays through the
+proxy instead). `--max_replicas` above `--min_replicas` autoscales on connected robots instead (relayed).
 """
 
 import os
@@ -215,6 +216,12 @@ _TARGET_ONGOING = cli.positive(
         "--ray autoscaling: connected robots per replica to aim for (default max_slots/2).",
     )
 )
+_RELAY_ROBOTS = flags.DEFINE_bool(
+    "relay_robots",
+    None,
+    "--ray: relay robots' frames through the proxy instead of redirecting them to their replica's server "
+    "(default: relay only when autoscaling; set where robots cannot reach the replicas' nodes).",
+)
 _REPLICA_CPUS = cli.positive(
     flags.DEFINE_float("replica_cpus", 1.0, "--ray on CPUs: CPUs each replica reserves (fractions allowed).")
 )
@@ -343,6 +350,7 @@ def _serve_on_ray(server: ServerConfig) -> None:
             ray_address=_RAY_ADDRESS.value,
             host=_HOST.value,
             port=_PORT.value,
+            relay_robots=_RELAY_ROBOTS.value,
         )
     except ValueError as error:
         cli.fail(str(error))
