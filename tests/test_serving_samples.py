@@ -62,9 +62,10 @@ def test_the_same_samples_give_the_same_actions_on_every_path(policy, session):
     request = raw_observation() | {"noise": noise, "samples": SAMPLES}
     with BackgroundServer(PolicyServerBackend(policy, metrics=False)) as inline:
         np.testing.assert_array_equal(openpi_client(inline.port).infer(request)["actions"], want)
-    with BackgroundServer(SessionServerBackend(session, metrics=False)) as streaming:
-        with CompileCounter() as compiles:  # the warm session compiled the samples' shapes
-            got = openpi_client(streaming.port).infer(request)["actions"]
+    # The warm session compiled the samples' shapes: serving them compiles nothing.
+    streaming = BackgroundServer(SessionServerBackend(session, metrics=False))
+    with streaming, CompileCounter() as compiles:
+        got = openpi_client(streaming.port).infer(request)["actions"]
     np.testing.assert_allclose(got, want, rtol=0, atol=ATOL)
     assert compiles.count == 0
 
@@ -86,5 +87,5 @@ def test_a_batch_mixing_samples_and_single_chunks_answers_each_as_alone(policy, 
 def test_more_samples_than_the_session_draws_are_refused_with_one_line(session):
     (reply,) = session.step([RobotRequest("big", raw_observation(), RequestOptions(samples=5))])
     assert isinstance(reply, InvalidRequest)
-    assert str(reply) == "samples: this server draws at most 4 action chunks per request, got 5"
+    assert str(reply) == "samples must lie in [1, 4] on this server, got 5"
     assert session.metadata["max_samples"] == 4

@@ -326,8 +326,7 @@ class MultiRobotSession:
                 _PREPARING.reset(preparing)
             if prepared.samples > self._max_samples:
                 raise InvalidRequest(
-                    f"samples: this server draws at most {self._max_samples} action chunks per request, "
-                    f"got {prepared.samples}"
+                    f"samples must lie in [1, {self._max_samples}] on this server, got {prepared.samples}"
                 )
         except Exception as error:  # InvalidRequest: the client's fault; anything else: the server's
             answer(error)
