@@ -127,10 +127,13 @@ def test_rtc_without_a_previous_chunk_is_refused(session):
     assert isinstance(refused, RtcError) and "needs a previous chunk" in str(refused)
 
 
-def test_several_samples_per_request_are_refused_with_one_line(session):
+def test_more_samples_than_the_session_draws_are_refused_with_one_line(session):
     request = RobotRequest("many", raw_observation(), RequestOptions(samples=4), rtc=None)
     refused = _refusal(session, request)
-    assert isinstance(refused, InvalidRequest) and str(refused).startswith("samples: one action chunk")
+    assert (
+        isinstance(refused, InvalidRequest)
+        and str(refused) == "samples must lie in [1, 1] on this server, got 4"
+    )
     assert "\n" not in str(refused)
 
 

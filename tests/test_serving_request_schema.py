@@ -108,6 +108,7 @@ def test_a_server_without_rtc_refuses_it_with_its_own_line(policy):
 def test_the_schema_declares_every_field_and_the_docs_list_each(schema):
     assert FIELD_NAMES == (
         "noise",
+        "samples",
         "max_text_tokens",
         "temperature",
         "top_p",

@@ -359,8 +359,7 @@ class Policy:
             cache = self.engine.prefill(observation)
             rows = self.engine.select_rows(cache, np.zeros(samples, np.int32))
             chunks = self.engine.denoise(rows, noise, self.num_steps, guidance)
-        chunks = np.asarray(chunks)
-        actions = chunks[self._densest(prepared, chunks)]
+        actions = self.keep(prepared, np.asarray(chunks))
         timing = {"infer_ms": (time.monotonic() - start) * 1000}
         text = self._speak(cache, prepared.texts) if prepared.texts else None
         if text is not None:
@@ -426,12 +425,14 @@ class Policy:
             raise InvalidRequest("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
 
-    def _densest(self, prepared: PreparedRequest, chunks: np.ndarray) -> int:
-        """Which of the model-space chunks [N, H, action_dim] to keep, compared as the robot executes them."""
+    def keep(self, prepared: PreparedRequest, chunks: np.ndarray) -> np.ndarray:
+        """The model-space chunk [H, action_dim] a request keeps among the ones it drew [N, H, action_dim]:
+        the densest (`chunk_choice`), compared as the robot executes them. Every path that draws several
+        chunks chooses here."""
         if len(chunks) == 1:
-            return 0
+            return chunks[0]
         executed = [self.io.outputs(prepared.state, chunk)["actions"] for chunk in chunks]
-        return chunk_choice.densest(np.stack(executed))
+        return chunks[chunk_choice.densest(np.stack(executed))]
 
     def action_noise(self, noise: np.ndarray, samples: int = 1) -> np.ndarray:
         """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as

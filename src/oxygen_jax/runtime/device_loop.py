@@ -47,7 +47,8 @@ MODES = ("async", "frame")
 
 @dataclasses.dataclass
 class ActionReply:
-    """What one observation gets: its actions ([H, action_dim]) or the error that stopped its batch."""
+    """What one observation gets: its actions ([H, action_dim]; [samples, H, action_dim] for one drawing
+    several chunks) or the error that stopped its batch."""
 
     actions: np.ndarray | None
     error: Exception | None

@@ -40,7 +40,8 @@ class RuntimeConfig:
     first waiting observation waits for others; task_suffix_len / max_frame_tasks: room for text tasks'
     instructions (0: none); seed: the noise of observations that bring none; guided: warm-up also
     compiles the guided (real-time chunking) denoiser for every prefill batch, so guided observations
-    never compile.
+    never compile; max_samples: the most action chunks one observation may draw (`FrameInput.samples`;
+    above 1, warm-up compiles their denoising too).
     """
 
     max_slots: int
@@ -57,9 +58,12 @@ class RuntimeConfig:
     max_frame_tasks: int = 0
     seed: int = 0
     guided: bool = False
+    max_samples: int = 1
 
     def __post_init__(self):
         """A one-line ValueError for a value no runtime can take."""
+        if self.max_samples < 1:
+            raise ValueError(f"max_samples must be >= 1, got {self.max_samples}")
         if self.loop is not None and self.loop not in MODES:
             raise ValueError(f"loop must be one of {MODES} or None, got {self.loop!r}")
         if self.owed_k is not None and self.owed_k < 1:
@@ -234,6 +238,8 @@ class Runtime:
             scheduler.warm_up_actions(example)
         if self._guided:
             scheduler.warm_up_guided(example)
+        if scheduler.max_samples > 1:
+            scheduler.warm_up_samples(example, self._guided)
 
 
 def build(
@@ -257,6 +263,7 @@ def build(
         seed=config.seed,
         task_suffix_len=config.task_suffix_len,
         max_frame_tasks=config.max_frame_tasks,
+        max_samples=config.max_samples,
     )
     output = OutputThread(OutputStage(detokenize))
     loop = None

@@ -9,6 +9,11 @@ FixedK or DeadlineK policy.
 The two halves of a frame, `act` (the hard-deadline path) and `advance` (a decode chunk and its
 harvest), are also what the device loop (`runtime/device_loop.py`) schedules on its own clock.
 
+An observation may draw several action chunks (`FrameInput.samples`): its first noise row denoises in the
+batch's program like any other row's, and all its samples denoise once more together on its row of the same
+prefix cache (rows padded to a power of two up to `max_samples`), as `Policy.execute` draws them; the
+caller keeps one (`Policy.keep`).
+
 A frame input may also carry task requests, each with its instruction's token suffix: one `Engine.extend`
 call per frame appends every task's suffix to its observation's prefix, and the extended rows join the
 batch state like any other request (the state reserves `task_suffix_len` columns for them).
@@ -32,16 +37,17 @@ from oxygen_jax.runtime.requests import TextRequest, TextResult, TokenEvent
 
 @dataclasses.dataclass
 class FrameInput:
-    """One observation (model-level arrays with batch dim 1), optional noise [1, H, A], the language
+    """One observation (model-level arrays with batch dim 1), optional noise [samples, H, A], the language
     requests that continue this observation's prompt (they share its prefix cache), the task requests,
-    each decoding after its own instruction tokens appended to that prefix, and the real-time-chunking
-    guidance of its actions (None: plain)."""
+    each decoding after its own instruction tokens appended to that prefix, the real-time-chunking
+    guidance of its actions (None: plain) and the action chunks it draws."""
 
     arrays: dict[str, np.ndarray]
     noise: np.ndarray | None = None
     requests: list[TextRequest] = dataclasses.field(default_factory=list)
     tasks: list[tuple[TextRequest, Sequence[int]]] = dataclasses.field(default_factory=list)
     guidance: ChunkGuidance | None = None
+    samples: int = 1
 
 
 @dataclasses.dataclass
@@ -60,7 +66,7 @@ class DecodeChunk:
 @dataclasses.dataclass
 class FrameResult:
     frame: int
-    actions: list[np.ndarray]  # one [H, action_dim] chunk per input, in input order
+    actions: list[np.ndarray]  # per input, in input order: [H, action_dim], or [samples, H, action_dim]
     finished: list[TextResult]  # their text filled once the runtime's output stage saw them
     k: int
     decode_batch: int  # active slots during decode
@@ -73,10 +79,12 @@ class FrameResult:
 
 @dataclasses.dataclass
 class PendingActions:
-    """Actions dispatched and not yet on the host: [B, H, A] on the device, the first `inputs` rows real."""
+    """Actions dispatched and not yet on the host: [B, H, A] on the device, the first `inputs` rows real,
+    and the chunks of each input that draws several (input index -> [rows, H, A], the first samples real)."""
 
     actions: Any
     inputs: int
+    samples: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -101,10 +109,13 @@ class FrameScheduler:
         seed: int = 0,
         task_suffix_len: int = 0,
         max_frame_tasks: int = 0,
+        max_samples: int = 1,
     ):
         """task_suffix_len: the columns of a task's instruction suffix (0: no task requests);
-        max_frame_tasks: the most task requests one frame may carry (all its observations together)."""
+        max_frame_tasks: the most task requests one frame may carry (all its observations together);
+        max_samples: the most action chunks one observation may draw."""
         self.engine = engine
+        self.max_samples = max_samples
         self.task_suffix_len = task_suffix_len
         self.max_frame_tasks = max_frame_tasks if task_suffix_len else 0
         self.manager = manager
@@ -213,16 +224,20 @@ class FrameScheduler:
             self._chunk_after_act = None
 
     def act(self, frame_inputs: list[FrameInput]) -> list[np.ndarray]:
-        """Prefill + denoise (one program, `Engine.act`): one action chunk per input, on the host; the
-        decode chunk `_act_then_chunk` asks for is dispatched before the pull."""
+        """Prefill + denoise (one program, `Engine.act`): per input its action chunk [H, A] (its chunks
+        [samples, H, A] when it draws several), on the host; the decode chunk `_act_then_chunk` asks for
+        is dispatched before the pull."""
         pending = self.start_act(frame_inputs)
         language = self.manager.active or self.manager.queued
         if self._chunk_after_act is not None and self._started is None and language:
             self._started = self._start_chunk(*self._chunk_after_act)
-        actions = self.engine.to_host(pending.actions)[: pending.inputs]
+        actions, samples = self.engine.to_host((pending.actions, pending.samples))
         if self._started is not None:
             self._started.start = time.perf_counter()  # the chunk's cost is what remains of it now
-        return list(actions)
+        actions = list(actions[: pending.inputs])
+        for i, chunks in samples.items():
+            actions[i] = chunks[: frame_inputs[i].samples]
+        return actions
 
     def start_act(self, frame_inputs: list[FrameInput]) -> PendingActions:
         """Dispatches prefill + denoise (`Engine.act`) and leaves the actions on the device. The inputs'
@@ -237,10 +252,16 @@ class FrameScheduler:
         config = self.engine.config
         observations = [inputs.observation_from_arrays(item.arrays, config) for item in frame_inputs]
         obs = jax.tree.map(lambda *column: np.concatenate(column), *[observations[r] for r in rows])
-        noise = np.concatenate([self._noise(frame_inputs[r]) for r in rows])
+        noises = [self._noise(item) for item in frame_inputs]
+        noise = np.concatenate([noises[r][:1] for r in rows])
         guidance = [item.guidance for item in frame_inputs]
         guided = guidance if any(row is not None for row in guidance) else ()
         cache, actions = self.engine.act(obs, noise, self.num_steps, guided)
+        samples = {
+            row: self._samples(cache, row, noises[row], item.guidance)
+            for row, item in enumerate(frame_inputs)
+            if item.samples > 1
+        }
         queued = [(request, cache, row) for row, item in enumerate(frame_inputs) for request in item.requests]
         tasks = [
             (request, suffix, row) for row, item in enumerate(frame_inputs) for request, suffix in item.tasks
@@ -259,13 +280,35 @@ class FrameScheduler:
             self.manager.check(request, source)
         for request, source, row in queued:
             self.manager.submit(request, source, row, self.frame)
-        return PendingActions(actions, n)
+        return PendingActions(actions, n, samples)
+
+    def _samples(self, cache: Any, row: int, noise: np.ndarray, guidance: ChunkGuidance | None) -> Any:
+        """The chunks [size, H, A] of one observation drawing several, on the device: its noise [samples,
+        H, A] denoised on its row of the prefix cache, padded (repeating the last noise) to a power of
+        two, so the shapes are those warm-up compiled."""
+        samples = len(noise)
+        if samples > self.max_samples:
+            raise ValueError(f"an observation draws at most {self.max_samples} chunks, got {samples}")
+        size = bucket(samples, self.max_samples, self.engine.data_size)
+        padded = np.concatenate([noise, np.repeat(noise[-1:], size - samples, axis=0)])
+        rows = self.engine.select_rows(cache, np.full(size, row, np.int32))
+        guided = () if guidance is None else (guidance,) * size
+        return self.engine.denoise(rows, padded, self.num_steps, guided)
 
     def _noise(self, item: FrameInput) -> np.ndarray:
+        """The input's noise [samples, H, A]: its own, else drawn."""
         if item.noise is not None:
-            return np.asarray(item.noise, np.float32)
-        shape = (1, self.engine.config.action_horizon, self.engine.config.action_dim)
+            noise = np.asarray(item.noise, np.float32)
+            if len(noise) != item.samples:
+                raise ValueError(f"noise of {len(noise)} chunks for {item.samples} samples")
+            return noise
+        shape = (item.samples, self.engine.config.action_horizon, self.engine.config.action_dim)
         return self._rng.standard_normal(shape, dtype=np.float32)
+
+    def sample_sizes(self) -> list[int]:
+        """Every padded row count `_samples` denoises (none when an observation draws one chunk)."""
+        data = self.engine.data_size
+        return sorted({bucket(n, self.max_samples, data) for n in range(2, self.max_samples + 1)})
 
     def prefill_sizes(self) -> list[int]:
         """Every padded batch size `act` can prefill."""
@@ -294,6 +337,19 @@ class FrameScheduler:
             guided = FrameInput(variant, guidance=ChunkGuidance(prev_chunk, 1, config.action_horizon))
             for size in self.prefill_sizes():
                 self.act([guided] + [FrameInput(variant) for _ in range(size - 1)])
+
+    def warm_up_samples(self, example: dict[str, np.ndarray], guided: bool) -> None:
+        """Compiles the denoising of several chunks on one row for every prefill size, prompt width and
+        padded sample count (guided too when `guided`), so observations drawing several never compile."""
+        config = self.engine.config
+        prev_chunk = np.zeros((config.action_horizon, config.action_dim), np.float32)
+        guidances = [None, ChunkGuidance(prev_chunk, 1, config.action_horizon)] if guided else [None]
+        for variant in self.prompt_variants(example):
+            for size in self.prefill_sizes():
+                for samples in self.sample_sizes():
+                    for guidance in guidances:
+                        drawing = FrameInput(variant, guidance=guidance, samples=samples)
+                        self.act([drawing] + [FrameInput(variant) for _ in range(size - 1)])
 
     def warmup(self, example: dict[str, np.ndarray]) -> None:
         """Sizes the batch state to the example's prefix (its masked cameras are left out, as in every

@@ -1,11 +1,12 @@
 """The backends `scripts/serve.py` serves a `Policy` through: request options in, text fields out.
 
-Besides the robot observation a request may carry `noise` ([H, action_dim], making that sample
-deterministic), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name in replies and
-the text stream); they are taken out before the robot transforms see the observation. Every request is
-checked whole against the server's `RequestSchema` (`serving/request_schema.py`) before any work on it;
-bad requests raise `InvalidRequest`, which the server answers as "Bad request: ..."; anything else is a
-server fault.
+Besides the robot observation a request may carry `noise` ([H, action_dim], or [samples, H, action_dim],
+making the sample deterministic), `samples` (action chunks drawn from its one prefill, the densest kept:
+`Policy.keep`, on both backends), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name
+in replies and the text stream); they are taken out before the robot transforms see the observation. Every
+request is checked whole against the server's `RequestSchema` (`serving/request_schema.py`) before any work
+on it; bad requests raise `InvalidRequest`, which the server answers as "Bad request: ..."; anything else is
+a server fault.
 
 - `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
   it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry

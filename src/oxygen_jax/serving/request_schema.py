@@ -21,7 +21,7 @@ from typing import Any
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies import rtc
-from oxygen_jax.policies.policy import MAX_TASK_TOKENS, MAX_TEMPERATURE, Policy
+from oxygen_jax.policies.policy import MAX_SAMPLES, MAX_TASK_TOKENS, MAX_TEMPERATURE, Policy
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.robot_io import MAX_PROMPT_CHARS, RawSpec
 from oxygen_jax.policies.text_tasks import MAX_INSTRUCTION_CHARS, MAX_TASK_NAME_CHARS
@@ -53,7 +53,12 @@ FIELDS = (
     Field(
         "noise",
         "float array (or nested lists of numbers)",
-        "[H, action_dim] or [1, H, action_dim], finite",
+        "[H, action_dim] or [samples, H, action_dim], finite",
+    ),
+    Field(
+        "samples",
+        "integer (as max_text_tokens)",
+        f"1 to {MAX_SAMPLES} (the streaming server: to its max_samples); the reply keeps the densest chunk",
     ),
     Field(
         "max_text_tokens",
@@ -94,7 +99,7 @@ FIELDS = (
 )
 FIELD_NAMES = tuple(field.name for field in FIELDS)
 # The fields that are `RequestOptions` (checked together by `Policy.check_options`).
-OPTION_NAMES = ("noise", "max_text_tokens", "temperature", "top_p", "text_tasks")
+OPTION_NAMES = ("noise", "samples", "max_text_tokens", "temperature", "top_p", "text_tasks")
 
 
 def observation_fields(spec: RawSpec) -> tuple[Field, ...]:
@@ -153,7 +158,7 @@ class RequestSchema:
             raise InvalidRequest(f"observation must be a map, got {type(request).__name__}")
         obs = dict(request)
         values = {name: obs.pop(name, None) for name in FIELD_NAMES}
-        options = RequestOptions(**{name: values[name] for name in OPTION_NAMES})
+        options = RequestOptions(**{name: values[name] for name in OPTION_NAMES if values[name] is not None})
         self.policy.check_options(options, max_tasks=self.max_text_tasks)
         for field in FIELDS:
             if field.check is not None and values[field.name] is not None:

@@ -18,6 +18,7 @@ class ServerConfig:
     """The policy (`create_policy`'s arguments), how it is served and the server's limits.
 
     runtime: the streaming session's runtime (None: `--language=inline`, one request at a time);
+    max_samples: the most action chunks a streamed request may draw (None: the config's `rtc.samples`);
     max_slots: its language slots (what one server holds of robots with language in flight); metrics:
     Prometheus `/metrics`; record_dir: save each request and reply there (None: no recording).
     """
@@ -33,6 +34,7 @@ class ServerConfig:
     runtime: RuntimeConfig | None = None
     max_text_tasks: int = 0
     rtc: bool = True
+    max_samples: int | None = None
     limits: ServerLimits = dataclasses.field(default_factory=ServerLimits)
     metrics: bool = True
     record_dir: str | None = None
@@ -58,7 +60,11 @@ class ServerConfig:
             backend = PolicyServerBackend(policy, metrics=self.metrics, replica_id=replica_id)
         else:
             session = MultiRobotSession(
-                policy, self.runtime, max_text_tasks=self.max_text_tasks, rtc=self.rtc
+                policy,
+                self.runtime,
+                max_text_tasks=self.max_text_tasks,
+                rtc=self.rtc,
+                max_samples=self.max_samples,
             )
             backend = SessionServerBackend(session, metrics=self.metrics, replica_id=replica_id)
         return backend if self.record_dir is None else recorder.recording(backend, self.record_dir)

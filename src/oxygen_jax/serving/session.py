@@ -29,6 +29,9 @@ request of the robot arrived before it was answered). A bad `rtc` is that reques
 `rtc` without `delay` gets the robot's last latency (receipt to reply) in control steps of its stated
 `control_hz`.
 
+A request may draw several action chunks (`samples`, up to the session's `max_samples`): they denoise on
+its one prefill (`FrameScheduler`) and the reply keeps the densest, as `Policy.infer` does (`Policy.keep`).
+
 `subscribe` pushes a `TextEvent` for every chunk of new tokens and every finished request, from the
 output thread. Actions equal `Policy.infer`'s with the same noise. The first request compiles every shape
 steady state can meet (`warmup`), so later ones never compile.
@@ -50,7 +53,7 @@ import numpy as np
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies import rtc_defaults
-from oxygen_jax.policies.policy import MAX_TASK_TOKENS, Policy, PreparedRequest, Speech
+from oxygen_jax.policies.policy import MAX_SAMPLES, MAX_TASK_TOKENS, Policy, PreparedRequest, Speech
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.rtc import RobotChunks
 from oxygen_jax.runtime import runtime
@@ -164,14 +167,25 @@ class MultiRobotSession:
     """One Policy and one `Runtime` shared by every robot."""
 
     def __init__(
-        self, policy: Policy, config: RuntimeConfig, *, max_text_tasks: int = 0, rtc: bool = True
+        self,
+        policy: Policy,
+        config: RuntimeConfig,
+        *,
+        max_text_tasks: int = 0,
+        rtc: bool = True,
+        max_samples: int | None = None,
     ) -> None:
         """config: the runtime (slots, loop, k, prefill batch, gather time); its text budget, denoising
         steps and room for text tasks come from the policy and `max_text_tasks` (the most `text_tasks`
         one request may carry; 0: none, else warm-up also compiles the extension shapes). rtc: take
-        real-time-chunking requests (warm-up then compiles the guided denoiser too)."""
+        real-time-chunking requests (warm-up then compiles the guided denoiser too). max_samples: the most
+        action chunks a request may draw (`samples`; warm-up compiles their denoising); None: the model
+        config's `rtc.samples` (`rtc_defaults`), what a request that continues no chunk draws."""
         self._policy = policy
         self._rtc = rtc
+        self._max_samples = rtc_defaults.samples(policy.metadata) if max_samples is None else max_samples
+        if not 1 <= self._max_samples <= MAX_SAMPLES:
+            raise ValueError(f"max_samples must lie in [1, {MAX_SAMPLES}], got {self._max_samples}")
         language = policy.max_text_tokens > 0
         self._max_text_tasks = max_text_tasks if language else 0
         config = dataclasses.replace(
@@ -182,6 +196,7 @@ class MultiRobotSession:
             task_suffix_len=MAX_TASK_TOKENS if self._max_text_tasks else 0,
             max_frame_tasks=config.max_prefill_batch * self._max_text_tasks,
             guided=rtc,
+            max_samples=self._max_samples,
         )
         self._runtime = runtime.build(
             policy.engine, config, detokenize=policy.detokenize, expected_senders=lambda: len(self._robots)
@@ -226,6 +241,7 @@ class MultiRobotSession:
             "max_batch": self.max_batch,
             "max_text_tasks": self._max_text_tasks,
             "rtc": self._rtc,
+            "max_samples": self._max_samples,
         }
 
     def start(self) -> "MultiRobotSession":
@@ -301,8 +317,6 @@ class MultiRobotSession:
         try:
             if request.rtc is not None and not self._rtc:
                 raise InvalidRequest(NO_RTC)
-            if request.options.samples != 1:
-                raise InvalidRequest("samples: one action chunk per request here (several: `Policy.infer`)")
             guidance, start = chunks.guidance(request.rtc, self._policy.engine.config.action_horizon)
             options = dataclasses.replace(request.options, guidance=guidance)
             preparing = _PREPARING.set(robot)
@@ -310,6 +324,10 @@ class MultiRobotSession:
                 prepared = self._policy.prepare(request.obs, options, max_tasks=self._max_text_tasks)
             finally:
                 _PREPARING.reset(preparing)
+            if prepared.samples > self._max_samples:
+                raise InvalidRequest(
+                    f"samples must lie in [1, {self._max_samples}] on this server, got {prepared.samples}"
+                )
         except Exception as error:  # InvalidRequest: the client's fault; anything else: the server's
             answer(error)
             return None
@@ -317,7 +335,9 @@ class MultiRobotSession:
         if not self._warm:
             self._warm_up(prepared.arrays)
             received = time.perf_counter()  # the one-time compilation is no latency to plan a delay with
-        frame_input = FrameInput(prepared.arrays, prepared.noise, guidance=prepared.guidance)
+        frame_input = FrameInput(
+            prepared.arrays, prepared.noise, guidance=prepared.guidance, samples=prepared.samples
+        )
         with self._lock:
             robot = self._robot(request)
             index = robot.observations
@@ -344,6 +364,12 @@ class MultiRobotSession:
                 robot.groups.append(group)
 
         def on_actions(reply: ActionReply) -> None:
+            if reply.actions is not None and prepared.samples > 1:
+                try:
+                    reply = dataclasses.replace(reply, actions=self._policy.keep(prepared, reply.actions))
+                except Exception as error:
+                    logger.exception("choosing a chunk failed")
+                    reply = dataclasses.replace(reply, actions=None, error=error)
             result = self._reply(request.client, robot, index, prepared, group, reply)
             if not isinstance(result, Exception):
                 latency_s = time.perf_counter() - received

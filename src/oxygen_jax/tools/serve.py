@@ -110,6 +110,13 @@ _MAX_TEXT_TASKS = flags.DEFINE_integer(
 _RTC = flags.DEFINE_bool(
     "rtc", True, "Stream mode: take real-time-chunking requests (warm-up also compiles the guided denoiser)."
 )
+_MAX_SAMPLES = flags.DEFINE_integer(
+    "max_samples",
+    None,
+    "Stream mode: most action chunks a request may draw (`samples`; default: the config's rtc.samples; "
+    ">1 compiles more at warm-up).",
+    lower_bound=1,
+)
 _MAX_BATCH = flags.DEFINE_integer(
     "max_batch", 4, "Observations prefilled together in one frame.", lower_bound=1
 )
@@ -304,6 +311,7 @@ def server_config() -> ServerConfig:
         runtime=runtime_config,
         max_text_tasks=_MAX_TEXT_TASKS.value,
         rtc=_RTC.value,
+        max_samples=_MAX_SAMPLES.value,
         limits=limits,
         metrics=_METRICS.value,
         record_dir=_RECORD_DIR.value if _RECORD.value else None,
