@@ -92,6 +92,12 @@ def run_episode(
         latency_steps=latency_steps,
         delay_estimate=delay_estimate,
     )
+    return episode(world, motion)
+
+
+def episode(world: DetourWorld, motion: simulated.Motion) -> Episode:
+    """The figures of one episode the robot `world` ran with `motion` (simulated or served)."""
+    scene = world.scene
     return Episode(
         success=scene.reached(world.gripper) and not world.collided,
         collided=world.collided,

@@ -25,7 +25,7 @@ from absl import app, flags
 from oxygen_jax import cli, config, preflight
 from oxygen_jax.client import latency, simulated
 from oxygen_jax.policies import rtc, rtc_defaults
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep
+from oxygen_jax.table_task import closed_loop, closed_loop_sweep, served_loop
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
@@ -61,9 +61,20 @@ _DELAY_ESTIMATE = flags.DEFINE_integer(
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
+_SERVER = flags.DEFINE_string(
+    "server",
+    None,
+    "HOST:PORT of a running oxygen-serve of --config: run in real time against it, d measured.",
+)
+_CONTROL_HZ = flags.DEFINE_float(
+    "control_hz", closed_loop.CONTROL_HZ, "With --server: the world's ticks per second.", lower_bound=0.1
+)
 
 
 def main(_):
+    if _SERVER.value is not None:
+        _main_served()
+        return
     if (_DELAY.value is None) == (_LATENCY.value is None):
         cli.fail("give exactly one of --delay_steps and --latency_ms")
     delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
@@ -91,6 +102,36 @@ def main(_):
         execution_horizon=execution_horizon,
         guidance=guidance,
         latencies=latencies,
+    )
+    path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
+    print(f"wrote {path}")
+
+
+def _main_served() -> None:
+    """--server: the robot on a real clock, requests over a websocket to the server."""
+    if _DELAY.value is not None or _LATENCY.value is not None or _EXECUTION.value == "bid":
+        cli.fail("--server measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
+    host, _, port = _SERVER.value.rpartition(":")
+    if not host or not port.isdigit():
+        cli.fail(f"--server must be HOST:PORT, got {_SERVER.value!r}")
+    cfg = config.load_config(_CONFIG.value)
+    horizon = cfg.model.action_horizon
+    execution_horizon = (
+        simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
+    )
+    preflight.writable(_OUT.value, folder=True)
+    from openpi_client import websocket_client_policy
+
+    client = websocket_client_policy.WebsocketClientPolicy(host=host, port=int(port))
+    results = served_loop.evaluate(
+        client.infer,
+        cfg.model,
+        _CONFIG.value,
+        execution=_EXECUTION.value,
+        episodes=_EPISODES.value,
+        seed=_SEED.value,
+        execution_horizon=execution_horizon,
+        control_hz=_CONTROL_HZ.value,
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")
