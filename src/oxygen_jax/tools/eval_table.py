@@ -5,11 +5,17 @@
 The gripper must reach a red cube behind a block, around either side (oxygen_jax.table_task.detour). The
 robot runs `client.Executor` in the given mode on a simulated clock: while the next chunk is inferred the
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
-DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
-delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
+DIR/results.json: success_rate, mean_steps, steps_std, switch_jump_mean, switch_jump_max, jerk_mean,
+execution, delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
 execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix), the
 guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
 latency_jitter and delay_estimate).
+
+  oxygen-eval-table --server=HOST:PORT --config=pi05_detour_prefix --control_hz=200 --out=DIR
+
+runs the same scenes in real time against a running `oxygen-serve` of --config (the world one action per
+tick at --control_hz, requests over openpi's websocket client on a thread): d is the measured latency,
+reported in control steps (latency_steps_*; delay_steps is their median rounded up).
 
 Without method flags a model runs as its config says (`rtc_defaults`): pi05_detour_prefix conditions and
 keeps its first chunk among 8 samples, its best measured setting. `--execution=bid` chooses every chunk by
