@@ -1,4 +1,4 @@
-"""The detour closed loop in real time against a running `oxygen-serve` (`oxygen-eval-table --server`):
+"""The detour closed loop in real time against a running `oxygen-serve` (`oxygen-eval-table --policy=remote`):
 real threads, a real clock and a websocket, on the shipped pi05_detour model served in a subprocess."""
 
 import json
@@ -19,7 +19,8 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
     ):
         served = run_script(
             "eval_table",
-            f"--server=127.0.0.1:{port}",
+            "--policy=remote",
+            f"--port={port}",
             "--config=pi05_detour",
             "--execution=rtc",
             "--episodes=3",
@@ -52,7 +53,7 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
 
 def test_served_loop_refuses_a_fixed_delay(tmp_path):
     result = run_script(
-        "eval_table", "--server=127.0.0.1:1", "--delay_steps=2", f"--out={tmp_path}", timeout_s=120
+        "eval_table", "--policy=remote", "--port=1", "--delay_steps=2", f"--out={tmp_path}", timeout_s=120
     )
     assert result.returncode != 0
-    assert "--server measures d" in result.stderr
+    assert "--policy=remote measures d" in result.stderr

@@ -11,7 +11,8 @@ execution_horizon, rtc_method (guided, or conditioned for a model trained with a
 guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
 latency_jitter and delay_estimate).
 
-  oxygen-eval-table --server=HOST:PORT --config=pi05_detour_prefix --control_hz=200 --out=DIR
+  oxygen-eval-table --policy=remote --host=HOST --port=PORT --config=pi05_detour_prefix --control_hz=200 \
+    --out=DIR
 
 runs the same scenes in real time against a running `oxygen-serve` of --config (the world one action per
 tick at --control_hz, requests over openpi's websocket client on a thread): d is the measured latency,
@@ -67,18 +68,23 @@ _DELAY_ESTIMATE = flags.DEFINE_integer(
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
-_SERVER = flags.DEFINE_string(
-    "server",
-    None,
-    "HOST:PORT of a running oxygen-serve of --config: run in real time against it, d measured.",
+_POLICY = flags.DEFINE_enum(
+    "policy",
+    "local",
+    ["local", "remote"],
+    "In-process policy on simulated time, or an oxygen-serve server of --config in real time (d measured).",
 )
+_HOST, _PORT = cli.define_remote_flags()
 _CONTROL_HZ = flags.DEFINE_float(
-    "control_hz", closed_loop.CONTROL_HZ, "With --server: the world's ticks per second.", lower_bound=0.1
+    "control_hz",
+    closed_loop.CONTROL_HZ,
+    "With --policy=remote: the world's ticks per second.",
+    lower_bound=0.1,
 )
 
 
 def main(_):
-    if _SERVER.value is not None:
+    if _POLICY.value == "remote":
         _main_served()
         return
     if (_DELAY.value is None) == (_LATENCY.value is None):
@@ -114,12 +120,9 @@ def main(_):
 
 
 def _main_served() -> None:
-    """--server: the robot on a real clock, requests over a websocket to the server."""
+    """--policy=remote: the robot on a real clock, requests over a websocket to the server."""
     if _DELAY.value is not None or _LATENCY.value is not None or _EXECUTION.value == "bid":
-        cli.fail("--server measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
-    host, _, port = _SERVER.value.rpartition(":")
-    if not host or not port.isdigit():
-        cli.fail(f"--server must be HOST:PORT, got {_SERVER.value!r}")
+        cli.fail("--policy=remote measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
     cfg = config.load_config(_CONFIG.value)
     horizon = cfg.model.action_horizon
     execution_horizon = (
@@ -128,7 +131,7 @@ def _main_served() -> None:
     preflight.writable(_OUT.value, folder=True)
     from openpi_client import websocket_client_policy
 
-    client = websocket_client_policy.WebsocketClientPolicy(host=host, port=int(port))
+    client = websocket_client_policy.WebsocketClientPolicy(host=_HOST.value, port=_PORT.value)
     results = served_loop.evaluate(
         client.infer,
         cfg.model,
