@@ -237,6 +237,7 @@ def test_summarize_reports_the_results_fields():
     assert summary["success_rate"] == pytest.approx(2 / 3)
     assert summary["collision_rate"] == pytest.approx(1 / 3)
     assert summary["mean_steps"] == 35
+    assert summary["steps_std"] == 5
     assert summary["switch_jump_mean"] == pytest.approx(0.03)
     assert summary["switch_jump_max"] == pytest.approx(0.05)
     assert summary["switches"] == 3

@@ -204,15 +204,25 @@ class PolicyFlags:
         }
 
 
+def define_remote_flags() -> tuple[flags.FlagHolder, flags.FlagHolder]:
+    """--host and --port: where a client finds the server of --policy=remote."""
+    return (
+        _shown(flags.DEFINE_string("host", "127.0.0.1", "Policy server host for --policy=remote.")),
+        _shown(flags.DEFINE_integer("port", 8000, "Policy server port for --policy=remote.")),
+    )
+
+
 def define_policy_flags(default_config: str) -> PolicyFlags:
+    kind = _shown(
+        flags.DEFINE_enum(
+            "policy", "local", ["local", "remote"], "In-process policy, or an oxygen-serve server."
+        )
+    )
+    host, port = define_remote_flags()
     return PolicyFlags(
-        kind=_shown(
-            flags.DEFINE_enum(
-                "policy", "local", ["local", "remote"], "In-process policy, or an oxygen-serve server."
-            )
-        ),
-        host=_shown(flags.DEFINE_string("host", "127.0.0.1", "Policy server host for --policy=remote.")),
-        port=_shown(flags.DEFINE_integer("port", 8000, "Policy server port for --policy=remote.")),
+        kind=kind,
+        host=host,
+        port=port,
         model=define_model_flags(default_config),
         max_text_tokens=define_max_text_tokens(),
         record_dir=_shown(

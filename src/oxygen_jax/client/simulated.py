@@ -104,7 +104,12 @@ def run(
         prefix_horizon=prefix_horizon,
     )
     requests = DelayedRequests(infer, clock, delay_steps, control_hz, latency_steps)
-    executor = Executor(config, robot, requests=requests, clock=clock)
+    return drive(robot, Executor(config, robot, requests=requests, clock=clock), max_ticks)
+
+
+def drive(robot: SimRobot, executor: Executor, max_ticks: int) -> Motion:
+    """Ticks `executor` (on any clock: simulated, or a real one against a server) until the robot is done
+    or `max_ticks` have run; the episode's motion."""
     positions = [robot.position()]
     while executor.stats.ticks < max_ticks and not robot.done:
         executor.tick()

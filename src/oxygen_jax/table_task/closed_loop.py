@@ -92,6 +92,12 @@ def run_episode(
         latency_steps=latency_steps,
         delay_estimate=delay_estimate,
     )
+    return episode(world, motion)
+
+
+def episode(world: DetourWorld, motion: simulated.Motion) -> Episode:
+    """The figures of one episode the robot `world` ran with `motion` (simulated or served)."""
+    scene = world.scene
     return Episode(
         success=scene.reached(world.gripper) and not world.collided,
         collided=world.collided,
@@ -110,12 +116,14 @@ def _side(scene: detour.DetourScene, positions: np.ndarray) -> str:
 
 
 def summarize(episodes: list[Episode]) -> dict[str, Any]:
-    """The figures of a run: success rate, control steps to success, chunk-switch jumps and jerk."""
+    """The figures of a run: success rate, control steps to success (mean and spread), chunk-switch jumps
+    and jerk."""
     successes = [e for e in episodes if e.success]
     return {
         "success_rate": len(successes) / len(episodes),
         "collision_rate": sum(e.collided for e in episodes) / len(episodes),
         "mean_steps": float(np.mean([e.steps for e in successes])) if successes else None,
+        "steps_std": float(np.std([e.steps for e in successes])) if successes else None,
         **simulated.motion_summary(episodes),
         "left_share": sum(e.side == "left" for e in episodes) / len(episodes),
     }

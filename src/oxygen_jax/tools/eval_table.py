@@ -5,11 +5,18 @@
 The gripper must reach a red cube behind a block, around either side (oxygen_jax.table_task.detour). The
 robot runs `client.Executor` in the given mode on a simulated clock: while the next chunk is inferred the
 world advances d control steps with the old chunk (naive, rtc) or the robot waits (sync). Writes
-DIR/results.json: success_rate, mean_steps, switch_jump_mean, switch_jump_max, jerk_mean, execution,
-delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
+DIR/results.json: success_rate, mean_steps, steps_std, switch_jump_mean, switch_jump_max, jerk_mean,
+execution, delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
 execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix), the
 guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
 latency_jitter and delay_estimate).
+
+  oxygen-eval-table --policy=remote --host=HOST --port=PORT --config=pi05_detour_prefix --control_hz=200 \
+    --out=DIR
+
+runs the same scenes in real time against a running `oxygen-serve` of --config (the world one action per
+tick at --control_hz, requests over openpi's websocket client on a thread): d is the measured latency,
+reported in control steps (latency_steps_*; delay_steps is their median rounded up).
 
 Without method flags a model runs as its config says (`rtc_defaults`): pi05_detour_prefix conditions and
 keeps its first chunk among 8 samples, its best measured setting. `--execution=bid` chooses every chunk by
@@ -25,7 +32,7 @@ from absl import app, flags
 from oxygen_jax import cli, config, preflight
 from oxygen_jax.client import latency, simulated
 from oxygen_jax.policies import rtc, rtc_defaults
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep
+from oxygen_jax.table_task import closed_loop, closed_loop_sweep, served_loop
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
@@ -61,9 +68,25 @@ _DELAY_ESTIMATE = flags.DEFINE_integer(
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
+_POLICY = flags.DEFINE_enum(
+    "policy",
+    "local",
+    ["local", "remote"],
+    "In-process policy on simulated time, or an oxygen-serve server of --config in real time (d measured).",
+)
+_HOST, _PORT = cli.define_remote_flags()
+_CONTROL_HZ = flags.DEFINE_float(
+    "control_hz",
+    closed_loop.CONTROL_HZ,
+    "With --policy=remote: the world's ticks per second.",
+    lower_bound=0.1,
+)
 
 
 def main(_):
+    if _POLICY.value == "remote":
+        _main_served()
+        return
     if (_DELAY.value is None) == (_LATENCY.value is None):
         cli.fail("give exactly one of --delay_steps and --latency_ms")
     delay = _DELAY.value if _LATENCY.value is None else closed_loop.delay_from_latency(_LATENCY.value)
@@ -91,6 +114,33 @@ def main(_):
         execution_horizon=execution_horizon,
         guidance=guidance,
         latencies=latencies,
+    )
+    path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
+    print(f"wrote {path}")
+
+
+def _main_served() -> None:
+    """--policy=remote: the robot on a real clock, requests over a websocket to the server."""
+    if _DELAY.value is not None or _LATENCY.value is not None or _EXECUTION.value == "bid":
+        cli.fail("--policy=remote measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
+    cfg = config.load_config(_CONFIG.value)
+    horizon = cfg.model.action_horizon
+    execution_horizon = (
+        simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
+    )
+    preflight.writable(_OUT.value, folder=True)
+    from openpi_client import websocket_client_policy
+
+    client = websocket_client_policy.WebsocketClientPolicy(host=_HOST.value, port=_PORT.value)
+    results = served_loop.evaluate(
+        client.infer,
+        cfg.model,
+        _CONFIG.value,
+        execution=_EXECUTION.value,
+        episodes=_EPISODES.value,
+        seed=_SEED.value,
+        execution_horizon=execution_horizon,
+        control_hz=_CONTROL_HZ.value,
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")

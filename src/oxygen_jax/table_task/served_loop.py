@@ -1,0 +1,83 @@
+"""The detour task in closed loop against a running `oxygen-serve`: the same scenes, executor modes and
+figures as `closed_loop`, but with real time. The robot-side `client.Executor` runs on a monotonic clock
+at `control_hz`, the world advancing one action per tick, and its requests travel over a websocket on a
+background thread; the delay d is whatever the server's latency is at that rate, measured per reply.
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import tqdm
+
+from oxygen_jax.client import simulated
+from oxygen_jax.client.executor import Executor, ExecutorConfig, MonotonicClock, ThreadedRequests
+from oxygen_jax.policies import rtc, rtc_defaults
+from oxygen_jax.table_task import closed_loop, detour
+
+_QUANTILES = (0.1, 0.5, 0.9)
+
+
+def evaluate(
+    infer: Callable[[dict], Mapping[str, Any]],
+    model: Any,
+    config_name: str,
+    *,
+    execution: str,
+    episodes: int,
+    seed: int,
+    execution_horizon: int,
+    control_hz: float,
+    max_steps: int = closed_loop.MAX_STEPS,
+) -> dict[str, Any]:
+    """`episodes` held-out scenes (those `closed_loop.evaluate` runs for `seed`) driven by `infer` (openpi's
+    `WebsocketClientPolicy.infer` on the server of `model`, the config's `Pi05Config`) in real time;
+    results.json's fields, with the measured latencies in control steps. `delay_steps` is their median,
+    rounded up: the d to run the simulated loop at for comparison."""
+    requests = ThreadedRequests(infer)  # one thread for every episode: one request at a time on the socket
+    stream = detour.scenes(detour.HELD_OUT_SEED + seed)
+    # A server that is still compiling answers its first request late: that wait is not an episode's.
+    infer(closed_loop.DetourWorld(next(detour.scenes(detour.HELD_OUT_SEED + seed))).observe())
+    runs, latencies = [], []
+    for _ in tqdm.trange(episodes, desc=f"served {execution} at {control_hz:g} Hz", unit="episode"):
+        world = closed_loop.DetourWorld(next(stream))
+        config = ExecutorConfig(control_hz=control_hz, execution_horizon=execution_horizon, mode=execution)
+        executor = Executor(config, world, requests=requests, clock=MonotonicClock())
+        runs.append(closed_loop.episode(world, simulated.drive(world, executor, max_steps)))
+        # An episode's first reply may wait behind the last one's request: its latency is left out.
+        latencies += executor.stats.latencies_s[1:]
+    steps = np.asarray(latencies) * control_hz
+    return {
+        "config": config_name,
+        "execution": execution,
+        "delay_steps": math.ceil(float(np.median(steps)) - 1e-6) if len(steps) else None,
+        "action_horizon": model.action_horizon,
+        "execution_horizon": execution_horizon,
+        "episodes": episodes,
+        "seed": seed,
+        "max_steps": max_steps,
+        "rtc_method": rtc_defaults.method(model.max_clean_prefix),
+        **rtc.ONE_SAMPLE.fields(),  # the server's shared batches draw one chunk per request
+        "latency_jitter": "measured",
+        "delay_estimate": None,  # the executor's: the longest of its last 3 latencies, rounded up
+        **closed_loop.summarize(runs),
+        "control_hz": control_hz,
+        **latency_fields(steps),
+    }
+
+
+def latency_fields(steps: np.ndarray) -> dict[str, Any]:
+    """The measured latencies in control steps: their count, mean, spread, quantiles and how many replies
+    took each whole number of steps (rounded up, the d the robot advanced)."""
+    if not len(steps):
+        return {"latency_replies": 0}
+    whole, counts = np.unique(np.ceil(steps - 1e-6).astype(int), return_counts=True)
+    return {
+        "latency_replies": len(steps),
+        "latency_steps_mean": float(steps.mean()),
+        "latency_steps_std": float(steps.std()),
+        **{f"latency_steps_p{round(q * 100)}": float(np.quantile(steps, q)) for q in _QUANTILES},
+        "latency_steps_max": float(steps.max()),
+        "latency_steps_histogram": {str(k): int(n) for k, n in zip(whole, counts, strict=True)},
+    }
