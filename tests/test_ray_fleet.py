@@ -33,7 +33,7 @@ pytest.importorskip("openpi_client.websocket_client_policy")
 from oxygen_jax.runtime.runtime import RuntimeConfig  # noqa: E402
 from oxygen_jax.serving import msgpack_numpy, ray_app  # noqa: E402
 from oxygen_jax.serving.server_config import ServerConfig  # noqa: E402
-from oxygen_jax.serving.websocket_server import ServerLimits  # noqa: E402
+from oxygen_jax.serving.websocket_server import FAILED_KEY_BURST, ServerLimits  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 
@@ -177,6 +177,13 @@ def test_robots_are_redirected_to_their_replicas_own_server_in_turn_and_a_wrong_
     for headers in ({}, {"Authorization": "Api-Key wrong"}):
         with pytest.raises(InvalidStatus, match="401"):
             websocket(fleet, "/", additional_headers=headers)
+    statuses = []  # the ingress throttles an address's failed keys as a server does (each replica its own)
+    for _ in range(REPLICAS * FAILED_KEY_BURST + 2):
+        with pytest.raises(InvalidStatus) as refused:
+            websocket(fleet, "/", additional_headers={"Authorization": "Api-Key wrong"})
+        statuses.append(refused.value.response.status_code)
+    assert set(statuses) == {401, 429}, statuses
+    time.sleep(1.5)  # the address may present a key again: later tests connect from it
 
 
 def replica_requests(port: int) -> dict[str, float]:

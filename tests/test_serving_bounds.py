@@ -15,7 +15,7 @@ from test_serving_hardening import STATE, StreamingBackend, ask, robot
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.serving import msgpack_numpy
-from oxygen_jax.serving.flow_control import ReadBudget
+from oxygen_jax.serving.flow_control import FailedKeys, ReadBudget
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.websocket_server import FRAME_CHARGE, BackgroundServer, ServerLimits
 
@@ -311,6 +311,16 @@ class FakeReader:
 
     def resume_reading(self) -> None:
         self.paused = False
+
+
+def test_failed_keys_throttle_an_address_after_its_burst_until_it_refills():
+    keys = FailedKeys(rate=20.0, burst=3)
+    for _ in range(3):
+        assert not keys.throttled("a")
+        keys.failed("a")
+    assert keys.throttled("a") and not keys.throttled("b")  # one address's failures are its own
+    time.sleep(0.06)  # 20 a second: one failure refilled
+    assert not keys.throttled("a")
 
 
 def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():

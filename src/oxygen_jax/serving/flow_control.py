@@ -5,8 +5,8 @@ handshake rates, and log lines (`websocket_server` applies them).
   not), counted per connection and for the server. Past either bound the connection stops being read
   (TCP pushes back on the client) until its requests are answered; a connection with nothing pending is
   never paused, so a robot that waits for each reply is never slowed by others' backlog.
-- `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes,
-  failed API keys of one address).
+- `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes).
+- `FailedKeys`: failed API keys per client address (the server's handshakes and a fleet's ingress).
 - `LogThrottle`: the first line of a kind per key and interval, then one line that counts the rest, so a
   client repeating a fault cannot flood the log.
 """
@@ -98,6 +98,29 @@ class TokenBucket:
         self._tokens = min(self.burst, self._tokens + (now - self._stamp) * self.rate)
         self._stamp = now
         return self._tokens
+
+
+class FailedKeys:
+    """Failed API keys per client address: `burst` at once, then `rate` a second; past that the address is
+    throttled (its keys are not even compared) until its bucket refills. Addresses whose failures lie far
+    enough back are forgotten, so the table stays small."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def throttled(self, address: str) -> bool:
+        bucket = self._buckets.get(address)
+        return bucket is not None and bucket.tokens < 1
+
+    def failed(self, address: str) -> None:
+        bucket = self._buckets.get(address)
+        if bucket is None:
+            for known in [known for known, old in self._buckets.items() if old.tokens >= self.burst]:
+                del self._buckets[known]
+            bucket = self._buckets[address] = TokenBucket(self.rate, self.burst)
+        bucket.take()
 
 
 class LogThrottle:

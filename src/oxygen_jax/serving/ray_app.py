@@ -41,8 +41,16 @@ from ray import serve
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import relay, tickets
+from oxygen_jax.serving.flow_control import FailedKeys
 from oxygen_jax.serving.server_config import ServerConfig
-from oxygen_jax.serving.websocket_server import TEXT_PATH, BackgroundServer, ServerLimits
+from oxygen_jax.serving.websocket_server import (
+    FAILED_KEY_BURST,
+    FAILED_KEY_RATE,
+    KEYS_THROTTLED,
+    TEXT_PATH,
+    BackgroundServer,
+    ServerLimits,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -170,6 +178,7 @@ class ServerReplica:
 
     def __init__(self, server: ServerConfig, relay_robots: bool = False) -> None:
         self._api_key = server.limits.api_key
+        self._failed_keys = FailedKeys(FAILED_KEY_RATE, FAILED_KEY_BURST)  # this ingress's, per address
         self._relay_robots = relay_robots
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._backend = server.build_backend(replica_id=self.replica_id)
@@ -210,7 +219,12 @@ class ServerReplica:
             await relay.join(client, f"ws://{self._url}/")
             return
         key = self._api_key
+        address = client.client.host if client.client else "?"
+        if key is not None and self._failed_keys.throttled(address):
+            await client.send_denial_response(PlainTextResponse(KEYS_THROTTLED + "\n", status_code=429))
+            return
         if key is not None and not tickets.header_carries_key(client.headers.getlist("authorization"), key):
+            self._failed_keys.failed(address)
             unauthorized = f"Unauthorized: send {tickets.AUTH_HEADER}\n"
             await client.send_denial_response(PlainTextResponse(unauthorized, status_code=401))
             return

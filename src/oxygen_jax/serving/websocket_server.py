@@ -88,7 +88,7 @@ from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import metrics, msgpack_numpy
-from oxygen_jax.serving.flow_control import LogThrottle, ReadBudget, TokenBucket
+from oxygen_jax.serving.flow_control import FailedKeys, LogThrottle, ReadBudget, TokenBucket
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 from oxygen_jax.serving.tickets import AUTH_HEADER, TICKET_PARAM, header_carries_key
 from oxygen_jax.serving.tickets import valid as valid_ticket
@@ -138,6 +138,7 @@ MAX_ERROR_CHARS = 300
 LOG_INTERVAL_S = 10.0
 # Failed API keys one address may try in a burst, then one a second; past that HTTP 429 without a check.
 FAILED_KEY_BURST, FAILED_KEY_RATE = 10, 1.0
+KEYS_THROTTLED = "Too many failed API keys from this address: retry later"
 # Longest a handshake waits for its turn under `max_handshakes_per_s` before it is refused (HTTP 503).
 MAX_HANDSHAKE_WAIT_S = 5.0
 # After the drain's deadline, how long closing handshakes may take before connections are cut.
@@ -420,7 +421,7 @@ class _ConnectionHandler:
         self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
         rate = limits.max_handshakes_per_s
         self._handshakes = None if rate is None else TokenBucket(rate, rate)
-        self._failed_keys: dict[str, TokenBucket] = {}  # address -> its failed API keys
+        self._failed_keys = FailedKeys(FAILED_KEY_RATE, FAILED_KEY_BURST)
         self._log = LogThrottle(logger, LOG_INTERVAL_S)
         served_metrics = metrics.of(backend)
         if served_metrics is not None:
@@ -484,25 +485,14 @@ class _ConnectionHandler:
         if self._limits.api_key is None:
             return None
         address = _address(connection)
-        failed = self._failed_keys.get(address)
-        if failed is not None and failed.tokens < 1:
-            refusal = "Too many failed API keys from this address: retry later"
-            self._refused(connection, "api_key_throttled", refusal)
-            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, refusal + "\n")
+        if self._failed_keys.throttled(address):
+            self._refused(connection, "api_key_throttled", KEYS_THROTTLED)
+            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, KEYS_THROTTLED + "\n")
         if self._authorized(request):
             return None
-        if failed is None:
-            self._forget_full_key_buckets()
-            failed = self._failed_keys[address] = TokenBucket(FAILED_KEY_RATE, FAILED_KEY_BURST)
-        failed.take()
+        self._failed_keys.failed(address)
         self._refused(connection, "api_key", "no valid API key")
         return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
-
-    def _forget_full_key_buckets(self) -> None:
-        """Addresses whose failures lie far enough back are forgotten (the table stays small)."""
-        full = [address for address, bucket in self._failed_keys.items() if bucket.tokens >= bucket.burst]
-        for address in full:
-            del self._failed_keys[address]
 
     async def _turn(self, connection: ServerConnection) -> str | None:
         """Waits for this handshake's turn under `max_handshakes_per_s`; the refusal when it would wait
