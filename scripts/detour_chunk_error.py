@@ -14,10 +14,10 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli
-from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.tools import cli
 
 _EPISODES = flags.DEFINE_integer("episodes", 40, "Scenes per model and scene set.", lower_bound=1)
 _OUT = flags.DEFINE_string("out", None, "JSON file to write the rows to.", required=True)
@@ -27,7 +27,7 @@ STRIDE = 3
 def chunk_errors(policy: Policy, scene_seed: int, label: str) -> np.ndarray:
     """[chunks, H] error per chunk and index, on the scenes of `scene_seed`."""
     horizon = policy.engine.config.action_horizon
-    infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng(0))
+    infer = trial.seeded_infer(policy, trial.ONE_SAMPLE, np.random.default_rng(0))
     stream = detour.scenes(scene_seed)
     errors = []
     for _ in tqdm.trange(_EPISODES.value, desc=label, unit="scene"):

@@ -18,11 +18,11 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli
 from oxygen_jax.client import simulated
-from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
@@ -79,7 +79,7 @@ def run(policy: Policy, execution: str, delay: int, horizon: int, episodes: int)
     collisions = after_change = 0
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay} E={horizon}"):
         scene = next(stream)
-        infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng((0, index)))
+        infer = trial.seeded_infer(policy, trial.ONE_SAMPLE, np.random.default_rng((0, index)))
         chunks: list[np.ndarray] = []
 
         def recording(obs, infer=infer, chunks=chunks):

@@ -28,9 +28,10 @@ import pathlib
 import numpy as np
 from absl import flags
 
-from oxygen_jax import cli, config
-from oxygen_jax.policies import rtc
+from oxygen_jax import config
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "Config of the detour model.", required=True)
 _CHECKPOINT = flags.DEFINE_string("checkpoint_dir", None, "Checkpoint (default: the config's shipped one).")
@@ -48,10 +49,10 @@ def main(_) -> None:
     offsets, collided = [], []
     for index in range(_EPISODES.value):
         scene = next(stream)
-        noise = rtc.draw_noise(np.random.default_rng((0, index)), shape, None)
+        noise = trial.draw_noise(np.random.default_rng((0, index)), shape, None)
         actions = np.asarray(policy.infer(scene.observation(scene.start), noise=noise)["actions"])
         offsets.append(float(actions[-1, 0] - scene.start[0]))
-        infer = rtc.seeded_infer(policy, rtc.ONE_SAMPLE, np.random.default_rng((0, index)))
+        infer = trial.seeded_infer(policy, trial.ONE_SAMPLE, np.random.default_rng((0, index)))
         episode = closed_loop.run_episode(
             infer, scene, execution="rtc", delay_steps=DELAY, execution_horizon=HORIZON
         )

@@ -10,10 +10,11 @@ import pathlib
 
 from absl import flags
 
-from oxygen_jax import cli, config
+from oxygen_jax import config
 from oxygen_jax.client import simulated
-from oxygen_jax.policies import rtc
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep
+from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
@@ -31,7 +32,7 @@ def main(_):
     horizon = model.action_horizon
     delays = [int(d) for d in _DELAYS.value] if _DELAYS.value else list(range(horizon // 2 + 1))
     execution_horizon = simulated.default_execution_horizon(horizon)
-    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    guidance = trial.GuidanceSettings(*_GUIDANCE.values())
     # naive's and rtc's bounds, which include sync's
     guidance.check(model, execution="rtc", delays=delays, execution_horizon=execution_horizon)
     out = pathlib.Path(_OUT.value)

@@ -1,4 +1,4 @@
-"""Bidirectional decoding (`policies/bid.py`) on hand-made chunks, and `BidPolicy` on the golden tiny
+"""Bidirectional decoding (`policies/bid.py`) on hand-made chunks, and `BidRobot` on the golden tiny
 model."""
 
 import numpy as np
@@ -8,8 +8,8 @@ from conftest import E2E, make_policy, raw_observation
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidArgumentError
 from oxygen_jax.policies import bid, chunk_choice
-from oxygen_jax.policies.bid_policy import BidPolicy
-from oxygen_jax.policies.rtc import draw_noise
+from oxygen_jax.robots.bid_robot import BidRobot
+from oxygen_jax.robots.trial import draw_noise
 
 PREVIOUS = np.zeros((2, 1))  # H = 2 actions of one dim, the aligned previous chunk
 WEIGHTS = np.array([1.0, 0.0])  # the first action is executed while the new chunk is computed
@@ -50,10 +50,10 @@ def policy():
 
 def test_bid_policy_keeps_one_of_its_samples_and_answers_as_rtc_policy(policy):
     """The first reply is the densest sample; a continued one is one of the strong samples, each as
-    Policy.infer computes it alone with that noise; chunk ids and start as `RtcPolicy`'s."""
+    Policy.infer computes it alone with that noise; chunk ids and start as `LocalRobot`'s."""
     noise = np.stack([E2E["in/noise"], *draw_noise(np.random.default_rng(3), (3, 10, 32), None)])
     alone = np.stack([policy.infer(raw_observation(), noise=n)["actions"] for n in noise])
-    served = BidPolicy(policy, samples=4)
+    served = BidRobot(policy, samples=4)
     first = served.infer(raw_observation(), noise=noise)
     np.testing.assert_allclose(first["actions"], alone[chunk_choice.densest(alone)], atol=1e-5)
     assert (first[protocol.CHUNK_ID], first[protocol.START]) == (0, 0)
@@ -61,4 +61,4 @@ def test_bid_policy_keeps_one_of_its_samples_and_answers_as_rtc_policy(policy):
     assert min(np.abs(continued["actions"] - a).max() for a in alone) < 1e-5
     assert (continued[protocol.CHUNK_ID], continued[protocol.START]) == (1, 3)
     with pytest.raises(InvalidArgumentError, match="at least 2 samples"):
-        BidPolicy(policy, samples=1)
+        BidRobot(policy, samples=1)

@@ -10,7 +10,7 @@ import sys
 import pytest
 from absl import flags
 
-from oxygen_jax import cli
+from oxygen_jax.tools import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Each case starts a Python with JAX (~5-10 s): the default run covers one script of each kind.
@@ -132,7 +132,7 @@ def test_mesh_flag_reaches_configs_loaded_by_name():
     `--mesh` must be among them, not only set on the parsed config."""
     snippet = (
         "import sys\n"
-        "from oxygen_jax import cli\n"
+        "from oxygen_jax.tools import cli\n"
         "model = cli.define_model_flags('pi05_tiny')\n"
         "cli.parse_flags(sys.argv)\n"
         "print(sorted(model.config_overrides().items()))\n"

@@ -14,7 +14,7 @@ import pytest
 from conftest import SCRIPTS
 
 from oxygen_jax.client import protocol, simulated
-from oxygen_jax.policies import rtc
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep, detour, detour_dataset
 
 H = 10
@@ -158,7 +158,7 @@ def test_world_moves_at_most_max_move_and_stops_at_the_block():
 
 class _Oracle:
     """The true demonstration on one side: the next H positions from the observed gripper, start = the
-    rtc delay (as RtcPolicy replies)."""
+    rtc delay (as LocalRobot replies)."""
 
     def __init__(self, scene: detour.DetourScene, side: str):
         self.path = scene.path(side)
@@ -307,7 +307,7 @@ def test_shipped_prefix_model_keeps_the_executed_actions_at_half_the_horizon():
     which conditions the new chunk on the d actions the robot executes meanwhile, switches with less than
     half naive's mean jump (recorded over 1000 episodes in docs/rtc.md), and in about half sync's steps."""
     policy = closed_loop.load_policy("pi05_detour_prefix", None)
-    one_sample = rtc.GuidanceSettings(fresh_samples=1)
+    one_sample = trial.GuidanceSettings(fresh_samples=1)
     results = {
         execution: closed_loop.evaluate(
             policy,

@@ -20,7 +20,7 @@ DEPRECATED = re.compile(r"^Deprecated: use --(\w+)\.")
 WALK = """
 import importlib, json, sys
 from absl import flags
-from oxygen_jax import cli  # its module-level flags (--mesh, multi-host) are every tool's
+from oxygen_jax.tools import cli  # its module-level flags (--mesh, multi-host) are every tool's
 FLAGS = flags.FLAGS
 tools = {}
 for tool in sys.argv[1:]:

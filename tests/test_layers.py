@@ -14,12 +14,13 @@ LAYERS = {
     "engine": 1,
     "runtime": 2,
     "policies": 3,
-    "table_task": 4,
-    "serving": 5,
-    "evaluation": 5,
-    "benchmarks": 5,
-    "training": 5,
-    "tools": 6,  # the command-line tools: the top, imported by nothing in the package
+    "robots": 4,  # one robot's state and request sequence; many robots over one runtime
+    "table_task": 5,
+    "serving": 6,
+    "evaluation": 6,
+    "benchmarks": 6,
+    "training": 6,
+    "tools": 7,  # the command-line tools: the top, imported by nothing in the package
 }
 # Beside the stack, importable from any layer: the top-level modules (config, checkpoints, params,
 # tokenizer, cli, ...), configs/ and the LeRobot dataset format.
@@ -88,3 +89,36 @@ def test_packages_beside_the_stack_import_no_layer_above_the_engine(package):
 
 def test_top_level_modules_import_no_layer_above_the_engine():
     assert not _imports_above(LAYERS["engine"], _imports(PACKAGE.glob("*.py")))
+
+
+# The engine's request entry points: on a robot's path only `runtime/` calls them.
+ENGINE_REQUEST_CALLS = {"act", "prefill", "denoise", "select_rows", "generate", "extend", "insert", "decode"}
+# Packages a robot's request passes through; the engine's own benchmarks and `oxygen-infer` time it directly.
+ROBOT_PATH = ("policies", "robots", "serving", "table_task", "evaluation")
+
+
+def _engine_calls(path: pathlib.Path, root: pathlib.Path = PACKAGE) -> set[str]:
+    """`<...>engine.<entry point>(` calls in a file, as `file:line name`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = node.func.value
+            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+            if name.endswith("engine") and node.func.attr in ENGINE_REQUEST_CALLS:
+                found.add(f"{path.relative_to(root)}:{node.lineno} {node.func.attr}")
+    return found
+
+
+@pytest.mark.parametrize("package", ROBOT_PATH)
+def test_a_robots_request_reaches_the_engine_only_through_the_runtime(package):
+    assert not set().union(*(_engine_calls(path) for path in (PACKAGE / package).rglob("*.py")))
+
+
+def test_the_engine_call_check_finds_a_policy_calling_the_engine(tmp_path):
+    module = tmp_path / "policy.py"
+    module.write_text("def execute(self, obs):\n    return self.engine.act(obs, noise, 10)\n")
+    assert _engine_calls(module, tmp_path) == {"policy.py:2 act"}
+
+
+def test_policies_import_nothing_of_the_robot_side_client():
+    assert not {f"{path} imports client" for path, name in _package_imports("policies") if name == "client"}

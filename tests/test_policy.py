@@ -9,8 +9,8 @@ from conftest import ACTIONS_ATOL, E2E, GOLDEN, VARIANTS, make_policy, raw_obser
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.models import inputs
-from oxygen_jax.policies.policy import Speech
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.runtime.inline import Speech
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,7 +12,7 @@ import pytest
 
 from oxygen_jax.client import MODES, protocol, simulated
 from oxygen_jax.engine.guidance import prefix_weights
-from oxygen_jax.policies.rtc import RobotChunks
+from oxygen_jax.robots.chunks import RobotChunks
 
 H = 10
 HZ = 10.0
@@ -38,7 +38,7 @@ class StampRobot:
 
 
 class StampServer:
-    """`RtcPolicy.infer` without a model: `RobotChunks` aligns the last chunk and says where the reply
+    """`LocalRobot.infer` without a model: `RobotChunks` aligns the last chunk and says where the reply
     starts; the new chunk is the stamps. Keeps every guidance it was asked for, with the request's n."""
 
     def __init__(self):

@@ -1,4 +1,4 @@
-"""A model's config says how it runs real-time chunking; `RtcPolicy` and the closed-loop tools use it."""
+"""A model's config says how it runs real-time chunking; `LocalRobot` and the closed-loop tools use it."""
 
 import types
 
@@ -8,7 +8,8 @@ from conftest import make_policy, raw_observation
 from oxygen_jax import config
 from oxygen_jax.client import protocol
 from oxygen_jax.policies import rtc_defaults
-from oxygen_jax.policies.rtc import GuidanceSettings, RtcPolicy
+from oxygen_jax.robots.local import LocalRobot
+from oxygen_jax.robots.trial import GuidanceSettings
 
 
 @pytest.mark.parametrize(
@@ -28,9 +29,9 @@ def test_the_config_names_the_method_and_the_samples(name, method, samples):
 def test_rtc_policy_and_the_tools_take_the_policys_samples_unless_told_otherwise():
     engine = types.SimpleNamespace(config=types.SimpleNamespace(max_clean_prefix=5))
     policy = types.SimpleNamespace(metadata={"rtc_samples": 8}, engine=engine)
-    assert RtcPolicy(policy).fresh_samples == 8
-    assert RtcPolicy(policy, fresh_samples=1).fresh_samples == 1
-    assert RtcPolicy(policy).method == "conditioned"
+    assert LocalRobot(policy).fresh_samples == 8
+    assert LocalRobot(policy, fresh_samples=1).fresh_samples == 1
+    assert LocalRobot(policy).robot.method == "conditioned"
     assert GuidanceSettings().for_policy(policy).fresh_samples == 8
     assert GuidanceSettings(fresh_samples=2).for_policy(policy).fresh_samples == 2
     bare = types.SimpleNamespace(metadata={}, engine=engine)
@@ -39,7 +40,7 @@ def test_rtc_policy_and_the_tools_take_the_policys_samples_unless_told_otherwise
 
 def test_a_reply_to_an_rtc_request_names_the_method_that_ran():
     policy = make_policy("dsi0", "float32")
-    served = RtcPolicy(policy)
+    served = LocalRobot(policy)
     assert "rtc_method" not in served.infer(raw_observation())
     continued = {**raw_observation(), protocol.RTC: {"executed": 2, "delay": 1}}
     assert served.infer(continued)["rtc_method"] == "guided"

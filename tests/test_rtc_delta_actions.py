@@ -19,9 +19,11 @@ from oxygen_jax.policies import aloha
 from oxygen_jax.policies.normalization import NormStats
 from oxygen_jax.policies.policy import create_policy
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.policies.rtc import RobotChunks, RtcPolicy, align
+from oxygen_jax.robots.chunks import RobotChunks, align
+from oxygen_jax.robots.local import LocalRobot
+from oxygen_jax.robots.robot import RobotRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 H = 10
 RTC = {"executed": 3, "delay": 2, "horizon": 6}
@@ -112,9 +114,9 @@ def test_a_delta_robots_target_taken_back_with_the_new_state_is_what_the_robot_e
 
 
 def test_rtc_policy_freezes_the_executed_actions_of_a_delta_robot(delta_policy):
-    """Through `RtcPolicy`: the fake engine freezes the first `delay` actions to the target, so the reply
+    """Through `LocalRobot`: the fake engine freezes the first `delay` actions to the target, so the reply
     starts with exactly what the robot executes there from the old chunk, from a new state."""
-    rtc_policy = RtcPolicy(delta_policy)
+    rtc_policy = LocalRobot(delta_policy)
     first = rtc_policy.infer(_observation(0), noise=_noise(2))
     request = {**RTC, protocol.CHUNK_ID: first[protocol.CHUNK_ID]}
     reply = rtc_policy.infer({**_observation(1), protocol.RTC: request}, noise=_noise(3))
@@ -126,7 +128,7 @@ def test_rtc_policy_freezes_the_executed_actions_of_a_delta_robot(delta_policy):
 def test_the_session_guides_a_delta_robot_towards_what_it_executes(delta_policy):
     """The same through the multi-robot session, whose robots keep their reply's actions."""
     config = RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2)
-    session = MultiRobotSession(delta_policy, config)
+    session = Robots(delta_policy, config)
     try:
         [first] = session.step([RobotRequest("a", _observation(0), RequestOptions(noise=_noise(2)))])
         [reply] = session.step(

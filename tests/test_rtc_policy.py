@@ -13,7 +13,9 @@ from oxygen_jax.errors import UserError
 from oxygen_jax.models import inputs
 from oxygen_jax.policies import chunk_choice
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.policies.rtc import GuidanceSettings, RtcError, RtcPolicy, align, draw_noise, seeded_infer
+from oxygen_jax.robots.chunks import RtcError, align
+from oxygen_jax.robots.local import LocalRobot
+from oxygen_jax.robots.trial import GuidanceSettings, draw_noise, seeded_infer
 
 NOISE = E2E["in/noise"]
 
@@ -73,7 +75,7 @@ def test_closed_loop_settings_the_model_cannot_run_are_one_line_user_errors(
 
 
 def test_a_client_without_rtc_gets_the_plain_reply_plus_chunk_fields(policy):
-    rtc_policy = RtcPolicy(policy)
+    rtc_policy = LocalRobot(policy)
     reply = rtc_policy.infer(raw_observation(), noise=NOISE)
     plain = policy.infer(raw_observation(), noise=NOISE)
     np.testing.assert_array_equal(reply["actions"], plain["actions"])
@@ -82,7 +84,7 @@ def test_a_client_without_rtc_gets_the_plain_reply_plus_chunk_fields(policy):
 
 
 def test_rtc_request_is_guided_towards_the_aligned_last_chunk(policy):
-    rtc_policy = RtcPolicy(policy)
+    rtc_policy = LocalRobot(policy)
     obs = raw_observation()
     rtc_policy.infer(obs, noise=NOISE)
     first = _model_actions(policy, obs, None)
@@ -98,7 +100,7 @@ def test_rtc_request_is_guided_towards_the_aligned_last_chunk(policy):
 
 
 def test_delay_is_estimated_from_the_servers_latency_and_the_robots_control_hz(policy):
-    rtc_policy = RtcPolicy(policy)
+    rtc_policy = LocalRobot(policy)
     rtc_policy.infer(raw_observation(), noise=NOISE)
     reply = rtc_policy.infer({**raw_observation(), protocol.RTC: {"executed": 4, "control_hz": 1e-3}})
     assert reply[protocol.START] == 1  # any latency under 1000 s is one step at 1 mHz
@@ -121,7 +123,7 @@ def test_delay_is_estimated_from_the_servers_latency_and_the_robots_control_hz(p
     ],
 )
 def test_bad_rtc_values_are_one_line_errors_that_leave_the_robot_as_it_was(policy, rtc, message):
-    rtc_policy = RtcPolicy(policy)
+    rtc_policy = LocalRobot(policy)
     rtc_policy.infer(raw_observation(), noise=NOISE)
     with pytest.raises(RtcError, match=message) as error:
         rtc_policy.infer({**raw_observation(), protocol.RTC: rtc}, noise=NOISE)
@@ -132,7 +134,7 @@ def test_bad_rtc_values_are_one_line_errors_that_leave_the_robot_as_it_was(polic
 
 def test_rtc_without_a_previous_chunk_is_an_error(policy):
     with pytest.raises(RtcError, match="needs a previous chunk"):
-        RtcPolicy(policy).infer(
+        LocalRobot(policy).infer(
             {**raw_observation(), protocol.RTC: {"executed": 0, "delay": 1, "horizon": 4}}
         )
 
@@ -140,7 +142,7 @@ def test_rtc_without_a_previous_chunk_is_an_error(policy):
 def test_a_reply_overtaken_by_a_newer_request_is_marked_stale(policy):
     """Two requests of one robot: both arrive while the policy is busy (its lock held here), so the first
     one's reply is computed after the second arrived, whichever runs first."""
-    rtc_policy = RtcPolicy(policy)
+    rtc_policy = LocalRobot(policy)
     replies = {}
 
     def request(name: str) -> threading.Thread:
@@ -167,9 +169,9 @@ def _wait_for(condition) -> None:
 
 
 class _LocalServer:
-    """RtcPolicy.infer computed at once, its reply due `latency_s` later on the fake clock."""
+    """LocalRobot.infer computed at once, its reply due `latency_s` later on the fake clock."""
 
-    def __init__(self, rtc_policy: RtcPolicy, clock: SimClock, latency_s: float):
+    def __init__(self, rtc_policy: LocalRobot, clock: SimClock, latency_s: float):
         self.rtc_policy, self.clock, self.latency_s = rtc_policy, clock, latency_s
         self.requests: list[dict] = []
 
@@ -181,7 +183,7 @@ class _LocalServer:
 
 def _drive(policy, mode: str) -> tuple:
     clock = SimClock()
-    server = _LocalServer(RtcPolicy(policy), clock, latency_s=0.25)
+    server = _LocalServer(LocalRobot(policy), clock, latency_s=0.25)
     robot = GoldenRobot()
     config = ExecutorConfig(control_hz=10.0, execution_horizon=4, mode=mode)
     stats = Executor(config, robot, requests=server, clock=clock).run(24)
@@ -209,7 +211,7 @@ def test_fresh_samples_draw_several_chunks_for_a_request_without_rtc_only(policy
     """The first request's reply is the densest of its samples' chunks, each as Policy.infer computes it
     alone with that noise; a request with `rtc` draws one chunk, so it takes one noise, not several."""
     noises = np.stack([NOISE, *draw_noise(np.random.default_rng(3), (4, *NOISE.shape), None)])
-    rtc_policy = RtcPolicy(policy, fresh_samples=5)
+    rtc_policy = LocalRobot(policy, fresh_samples=5)
     first = rtc_policy.infer(raw_observation(), noise=noises)
     alone = np.stack([policy.infer(raw_observation(), noise=n)["actions"] for n in noises])
     np.testing.assert_allclose(first["actions"], alone[chunk_choice.densest(alone)], atol=1e-5)

@@ -24,10 +24,10 @@ from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.models import inputs
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.policies.rtc import align
+from oxygen_jax.robots.chunks import align
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
@@ -47,7 +47,7 @@ def policy():
 
 @pytest.fixture(scope="module")
 def server(policy):
-    session = MultiRobotSession(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
+    session = Robots(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
     session.warmup(raw_observation())
     with BackgroundServer(SessionServerBackend(session)) as server:
         yield server

@@ -17,9 +17,10 @@ from fake_engine import FakeEngine
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.policies.rtc import RtcError, align
+from oxygen_jax.robots.chunks import RtcError, align
+from oxygen_jax.robots.robot import RobotRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 NOISE = np.asarray(E2E["in/noise"], np.float32).reshape(10, 32)
 OTHER_NOISE = np.random.default_rng(5).standard_normal((10, 32)).astype(np.float32)
@@ -35,7 +36,7 @@ def policy():
 
 @pytest.fixture
 def session(policy):
-    session = MultiRobotSession(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=4))
+    session = Robots(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=4))
     yield session
     session.stop()
 
@@ -158,9 +159,7 @@ def test_delay_is_estimated_from_the_measured_latency_and_the_robots_control_hz(
 
 
 def test_a_session_without_rtc_refuses_rtc_requests_and_compiles_no_guided_program(policy):
-    session = MultiRobotSession(
-        policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=4), rtc=False
-    )
+    session = Robots(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=4), rtc=False)
     try:
         policy.engine.calls.clear()
         session.step([_request("a")])

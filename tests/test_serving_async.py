@@ -16,10 +16,10 @@ from conftest import (
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
@@ -58,7 +58,7 @@ def served(policy, noises):
     """Every client's replies (noise index, reply) from one concurrent run through the async loop, the
     `/text` stream's messages, compile counts, and `Policy.infer`'s answers to each observation alone."""
     actions, texts = answers_alone(policy, noises, N_CLIENTS)
-    session = MultiRobotSession(
+    session = Robots(
         policy,
         RuntimeConfig(
             max_slots=N_CLIENTS,

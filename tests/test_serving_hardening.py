@@ -16,7 +16,7 @@ from conftest import OPENPI_CLIENT_WARNING, http_get, openpi_client, raw_observa
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.policies.request_options import RequestOptions
-from oxygen_jax.serving import msgpack_numpy, tickets
+from oxygen_jax.serving import msgpack_numpy, policy_backend, tickets
 from oxygen_jax.serving.policy_backend import SessionServerBackend
 from oxygen_jax.serving.request_decoding import MAX_CONTAINERS, BadRequestError, decode_request
 from oxygen_jax.serving.request_schema import CheckedRequest
@@ -196,11 +196,13 @@ class BlockingPrepareSession:
     answered (at most 10 s): behind one shared prepare thread it would wait in vain."""
 
     metadata: dict = {}  # noqa: RUF012 (read only)
+    policy = None
+    max_text_tasks = 0
+    rtc = True
 
     def __init__(self) -> None:
         self.other_answered = threading.Event()
         self.slow_saw_other_answered: bool | None = None
-        self.schema = AnyRequest()
 
     def submit(self, request: Any, answer: Callable[[dict], None]) -> None:
         if "slow" in request.obs:
@@ -213,7 +215,8 @@ class BlockingPrepareSession:
         pass
 
 
-def test_a_slow_preparation_does_not_hold_up_another_robots_request():
+def test_a_slow_preparation_does_not_hold_up_another_robots_request(monkeypatch):
+    monkeypatch.setattr(policy_backend, "RequestSchema", lambda *args, **kwargs: AnyRequest())
     session = BlockingPrepareSession()
     backend = SessionServerBackend(session, metrics=False)
 

@@ -13,8 +13,9 @@ from hypothesis import HealthCheck, given, settings
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.robots.robot import RobotRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +56,7 @@ def policy():
 @pytest.fixture(scope="module")
 def session(policy):
     # The frame loop: text advances exactly one token per request, which the tests below count.
-    session = MultiRobotSession(
+    session = Robots(
         policy,
         RuntimeConfig(max_slots=4, max_new_tokens=MAX_TEXT_TOKENS, loop="frame", k=1, max_prefill_batch=4),
     )
@@ -69,7 +70,7 @@ def healthy_actions(policy, noise) -> np.ndarray:
     return policy.infer(raw_observation(), noise=noise, prompt_for_text=False)["actions"]
 
 
-def _groups(session: MultiRobotSession, client: str) -> list:
+def _groups(session: Robots, client: str) -> list:
     """The robot's language requests still to report (none for a robot never served)."""
     robot = session._robots.get(client)
     return robot.groups if robot else []
@@ -200,7 +201,7 @@ def test_a_prompt_cut_to_the_token_budget_is_warned_about_once_per_robot(caplog)
     as openpi does, with a warning: each robot sends it three times and gets one warning, not three."""
     policy = copy.copy(make_policy("dsi1", "float32"))
     policy.engine = FakeEngine(policy.engine.config)
-    session = MultiRobotSession(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
+    session = Robots(policy, RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2))
     caplog.set_level(logging.WARNING, "oxygen_jax.tokenizer")
     long_prompt = raw_observation() | {"prompt": "bowl " * 40}
     try:

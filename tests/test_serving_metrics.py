@@ -18,9 +18,9 @@ from conftest import (
     websocket,
 )
 
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 pytest.importorskip("openpi_client.websocket_client_policy")
@@ -36,7 +36,7 @@ def session_backend(policy) -> SessionServerBackend:
     config = RuntimeConfig(
         max_slots=SLOTS, max_new_tokens=MAX_TEXT_TOKENS, max_prefill_batch=2, gather_s=0.005
     )
-    return SessionServerBackend(MultiRobotSession(policy, config, rtc=False))
+    return SessionServerBackend(Robots(policy, config, rtc=False))
 
 
 def scrape(port: int) -> dict[tuple[str, frozenset], float]:

@@ -3,7 +3,7 @@ request schema (`serving/request_schema.py`) go through the code the server runs
 
 The streaming backend (`SessionServerBackend.infer_async`, on the golden LIBERO policy's robot I/O over the
 fake engine) gets a few requests per example on one connection, so `rtc` entries meet a robot that has a
-last chunk; the inline backend (`PolicyServerBackend.infer`, the tiny golden model) gets fewer, for its
+last chunk; the inline backend (`PolicyServerBackend`, the tiny golden model) gets fewer, for its
 text tasks. Each request must yield a reply with actions or an `InvalidRequest` of one line; anything else
 is what the server answers as an internal error.
 """
@@ -21,11 +21,11 @@ from fake_engine import FakeEngine
 from hypothesis import HealthCheck, given, settings
 
 from oxygen_jax.errors import InvalidRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
-from oxygen_jax.serving.session import MultiRobotSession
 
 # A state too large to normalize overflows in the transforms before `RobotIO` refuses it.
 pytestmark = [
@@ -313,13 +313,15 @@ def session_backend():
     policy = copy.copy(make_policy("dsi0", "float32", max_text_tokens=MAX_TEXT_TOKENS))
     policy.engine = FakeEngine(policy.engine.config)
     config = RuntimeConfig(max_slots=2, max_new_tokens=MAX_TEXT_TOKENS, max_prefill_batch=1)
-    backend = SessionServerBackend(MultiRobotSession(policy, config), prepare_workers=1, metrics=False)
+    backend = SessionServerBackend(Robots(policy, config), prepare_workers=1, metrics=False)
     backend.warmup(raw_observation())
     yield backend
     backend.close()
 
 
-def serve_one_connection(backend: SessionServerBackend, batch: list[dict]) -> list[dict | Exception]:
+def serve_one_connection(
+    backend: SessionServerBackend | PolicyServerBackend, batch: list[dict]
+) -> list[dict | Exception]:
     """The requests in order on one connection (one asyncio task, as the websocket server runs one)."""
 
     async def connection() -> list[dict | Exception]:
@@ -368,13 +370,9 @@ def inline_backend():
 
 
 def _fuzz_inline(backend, request) -> None:
-    if isinstance(request, BadRequestError):
-        return
-    try:
-        reply = backend.infer(request)
-    except Exception as error:
-        reply = error
-    _outcome(reply)
+    # A plain first request gives the robot a last chunk, so a later `rtc` entry can be accepted.
+    for reply in serve_one_connection(backend, [raw_observation(), request]):
+        _outcome(reply)
 
 
 @settings(max_examples=INLINE_EXAMPLES, **SESSION_SETTINGS)

@@ -15,6 +15,7 @@ from fake_engine import FakeEngine
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies import libero
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.robots.robot import Robot
 from oxygen_jax.serving.request_schema import FIELD_NAMES, FIELDS, RequestSchema, observation_fields
 
 DOCS = pathlib.Path(__file__).resolve().parents[1] / "docs" / "serving.md"
@@ -30,12 +31,20 @@ def policy():
 
 @pytest.fixture(scope="module")
 def schema(policy) -> RequestSchema:
-    return RequestSchema(policy, max_text_tasks=2)
+    return RequestSchema(policy)
+
+
+def served_checks(schema: RequestSchema, request: dict, max_text_tasks: int = 2) -> None:
+    """What a server checks of a request before any work: the schema's fields, then a robot's and its
+    policy's checks (`Robot.prepare`), which end in the transforms once everything passed."""
+    checked = schema.check(request)
+    robot = Robot(schema.policy, "robot-0")
+    robot.prepare(checked.obs, checked.options, checked.rtc, max_tasks=max_text_tasks)
 
 
 def refusal(schema: RequestSchema, **fields) -> str:
     with pytest.raises(InvalidRequest) as refused:
-        schema.check(raw_observation() | fields)
+        served_checks(schema, raw_observation() | fields)
     assert "\n" not in str(refused.value)
     return str(refused.value)
 
@@ -60,9 +69,7 @@ def test_a_request_is_checked_whole_before_its_observation_is_transformed(policy
     watched.io = dataclasses.replace(policy.io, pipeline=pipeline)
     bad_noise = np.zeros((10, 7), np.float32)
     with pytest.raises(InvalidRequest, match="'noise'"):
-        RequestSchema(watched).check(raw_observation() | {"noise": bad_noise})
-    with pytest.raises(InvalidRequest, match="'noise'"):
-        watched.prepare(raw_observation(), RequestOptions(noise=bad_noise))
+        served_checks(RequestSchema(watched), raw_observation() | {"noise": bad_noise})
     assert transformed == []
 
 

@@ -25,11 +25,11 @@ from conftest import (
 )
 
 from oxygen_jax.engine.compile_counter import CompileCounter
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.requests import RequestStatus
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import msgpack_numpy
 from oxygen_jax.serving.policy_backend import SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import BackgroundServer
 from oxygen_jax.table_task import scenes as table_scenes
 
@@ -53,7 +53,7 @@ def frame_loop(max_slots: int, **config) -> RuntimeConfig:
 @pytest.fixture(scope="module")
 def session(policy):
     """The frame loop: a robot's text advances k tokens per frame, so it streams over its replies."""
-    session = MultiRobotSession(policy, frame_loop(N_CLIENTS + 1, gather_s=0.02))
+    session = Robots(policy, frame_loop(N_CLIENTS + 1, gather_s=0.02))
     session.warmup(raw_observation())
     yield session
     session.stop()
@@ -158,7 +158,7 @@ def test_finished_text_equals_the_observation_decoded_alone(served):
 
 
 def test_a_client_that_leaves_frees_its_language_slot(policy):
-    session = MultiRobotSession(policy, frame_loop(N_CLIENTS + 1))
+    session = Robots(policy, frame_loop(N_CLIENTS + 1))
     session.warmup(raw_observation())
     manager = session.runtime.manager
     with BackgroundServer(SessionServerBackend(session)) as server:

@@ -15,9 +15,10 @@ from conftest import (
 
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.robots.robot import RobotRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 pytest.importorskip("openpi_client.websocket_client_policy")
@@ -42,7 +43,7 @@ def session(policy):
         max_prefill_batch=4,
         gather_s=0.005,
     )
-    session = MultiRobotSession(policy, config, max_text_tasks=len(TASKS))
+    session = Robots(policy, config, max_text_tasks=len(TASKS))
     session.warmup(raw_observation())
     yield session
     session.stop()

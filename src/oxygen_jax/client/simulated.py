@@ -91,10 +91,10 @@ def run(
     delay_estimate: int | None = None,
 ) -> Motion:
     """One episode: `Executor` in mode `execution` on a simulated clock until the robot is done or
-    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `RtcPolicy.infer` per episode).
+    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `LocalRobot.infer` per episode).
     latency_steps: draws each request's latency (default: `delay_steps` every time); delay_estimate: the
     d the robot sends with `rtc` (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy
-    behind `infer` is what differs (`policies/bid_policy.py`)."""
+    behind `infer` is what differs (`robots/bid_robot.py`)."""
     clock = SimClock()
     config = ExecutorConfig(
         control_hz=control_hz,

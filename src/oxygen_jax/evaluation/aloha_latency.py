@@ -1,5 +1,5 @@
 """ALOHA sim under simulated inference latency: the robot runs `client.Executor` (sync, naive or rtc) on
-the simulated clock of `client.simulated`, against a local `Policy` served to it by a fresh `RtcPolicy` per
+the simulated clock of `client.simulated`, against a local `Policy` served to it by a fresh `LocalRobot` per
 episode, as the detour task's closed loop does. While a chunk is inferred the arms execute d control steps
 of the old chunk (naive, rtc) or hold still (sync: the simulation is not stepped).
 
@@ -16,8 +16,8 @@ import numpy as np
 
 from oxygen_jax.client import simulated
 from oxygen_jax.evaluation import aloha_sim, console, records, video
-from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
+from oxygen_jax.robots import trial
 
 
 class AlohaWorld:
@@ -78,7 +78,7 @@ def evaluate(
     execution: str,
     delay_steps: int,
     execution_horizon: int,
-    guidance: rtc.GuidanceSettings = rtc.DEFAULT_GUIDANCE,
+    guidance: trial.GuidanceSettings = trial.DEFAULT_GUIDANCE,
 ) -> dict[str, Any]:
     """Runs the episodes, rewriting `out_dir/results.json` after each; returns the final results. Episode i
     resets the env with seed + i and draws the action noise from (seed, i), so every mode and delay see the
@@ -110,7 +110,7 @@ def evaluate(
             world = AlohaWorld(env, gym_obs, prompt, target, settings.save_video)
             motion = simulated.run(
                 world,
-                rtc.seeded_infer(policy, guidance, np.random.default_rng((settings.seed, index))),
+                trial.seeded_infer(policy, guidance, np.random.default_rng((settings.seed, index))),
                 execution=execution,
                 delay_steps=delay_steps,
                 execution_horizon=execution_horizon,

@@ -13,11 +13,9 @@ import dataclasses
 import functools
 import logging
 import threading
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax
 import ml_collections
 import numpy as np
 
@@ -42,6 +40,7 @@ from oxygen_jax.policies.executed_chunk import ExecutedChunkGuidance
 from oxygen_jax.policies.request_options import RequestOptions, integer_option, number_option
 from oxygen_jax.policies.robot_io import RawSpec, RobotIO
 from oxygen_jax.policies.text_tasks import TextTask, parse_text_tasks
+from oxygen_jax.runtime.inline import MAX_TASK_TOKENS, InlineRuntime, Speech, TextPlan
 from oxygen_jax.tokenizer import Tokenizer, pad_or_truncate
 
 logger = logging.getLogger(__name__)
@@ -49,8 +48,6 @@ logger = logging.getLogger(__name__)
 # Sampling at a higher temperature is indistinguishable from uniform over the vocabulary.
 MAX_TEMPERATURE = 100.0
 
-# A text task's instruction tokens (its suffix on the shared prefix; one compiled shape).
-MAX_TASK_TOKENS = 32
 MAX_SAMPLES = 64  # action chunks one request may draw (`RequestOptions.samples`)
 _DEFAULT_OPTIONS = RequestOptions()  # frozen: one shared default
 
@@ -131,19 +128,6 @@ class _FittingPrompt:
 
 
 @dataclasses.dataclass(frozen=True)
-class TextPlan:
-    """One language request an observation starts: its task (None: it continues the observation's prompt),
-    the task instruction's tokens (the suffix on the shared prefix) and its sampling."""
-
-    task: str | None
-    suffix: tuple[int, ...]
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-
-
-@dataclasses.dataclass(frozen=True)
 class CheckedOptions:
     """A request's options as `Policy.check_options` found them: the language requests it starts (seeds
     still 0: `prepare` draws them), the action chunks to draw and the noise [samples, H, action_dim]
@@ -172,14 +156,6 @@ class PreparedRequest:
     state: np.ndarray
     guidance: ChunkGuidance | None = None
     samples: int = 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Speech:
-    """The text of one language request so far: its tokens and, when already detokenized, its text."""
-
-    tokens: np.ndarray
-    text: str | None = None
 
 
 class Policy:
@@ -231,6 +207,12 @@ class Policy:
             "max_text_tokens": self.max_text_tokens,
             "temperature": self._temperature,
         }
+
+    @property
+    def inline(self) -> InlineRuntime:
+        """The engine for one request at a time on the caller's thread, with this policy's steps and
+        text budget (`runtime/inline.py`)."""
+        return InlineRuntime(self.engine, num_steps=self.num_steps, max_text_tokens=self.max_text_tokens)
 
     def model_inputs(self, obs: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """One raw robot observation -> the canonical unbatched model inputs (`RobotIO.inputs`)."""
@@ -302,10 +284,20 @@ class Policy:
         actions: np.ndarray,
         text: Mapping[str | None, Speech] | None = None,
     ) -> dict[str, Any]:
-        """The reply to one request: model actions [H, action_dim] through the robot's output transforms,
+        """The reply to one request: model actions [H, action_dim] through the robot's output transforms
+        (of several chunks [samples, H, action_dim], the densest as the robot executes them,
+        `chunk_choice`, its index in `kept_sample`: every path that draws several chunks chooses here),
         and the text of its language requests (task name, None for the prompt's continuation -> speech),
         detokenized where not yet: `text`/`text_tokens`, or `texts`/`texts_tokens` by task name."""
-        outputs = self.io.outputs(prepared.state, np.asarray(actions))
+        actions = np.asarray(actions)
+        if actions.ndim == 2:
+            outputs = self.io.outputs(prepared.state, actions)
+        elif len(actions) == 1:
+            outputs = self.io.outputs(prepared.state, actions[0])
+        else:
+            executed = [self.io.outputs(prepared.state, chunk) for chunk in actions]
+            kept = chunk_choice.densest(np.stack([each["actions"] for each in executed]))
+            outputs = {**executed[kept], "kept_sample": int(kept)}
         if not text:
             return outputs
         said = {
@@ -325,7 +317,7 @@ class Policy:
         One prefill serves the actions and every language request. `policy_timing`: `infer_ms` until the
         actions are ready, `text_ms` until the text is."""
         prepared = self.prepare(obs, RequestOptions(**options))
-        actions, text, timing = self.execute(prepared)
+        actions, text, timing = self.inline.run(prepared)
         return {**self.finish(prepared, actions, text), "policy_timing": timing}
 
     def warmup(self, obs: Mapping[str, Any]) -> None:
@@ -336,54 +328,7 @@ class Policy:
         shape = prepared.arrays["tokenized_prompt_mask"].shape
         for mask in prompt_buckets.filled_masks(shape, self.engine.prompt_buckets):
             arrays = {**prepared.arrays, "tokenized_prompt_mask": mask}
-            self.execute(dataclasses.replace(prepared, arrays=arrays, texts=()))
-
-    def execute(
-        self, prepared: PreparedRequest
-    ) -> tuple[np.ndarray, dict[str | None, Speech] | None, dict[str, float]]:
-        """One prepared request on the engine, inline: the model-space actions [H, action_dim], the text of
-        each language request (None without any) and the timing `infer` reports. Several samples denoise
-        together on copies of the one prefix cache."""
-        start = time.monotonic()
-        observation = _inputs.observation_from_arrays(prepared.arrays, self.engine.config)
-        samples = prepared.samples
-        noise = (
-            self.engine.noise(jax.random.key(prepared.noise_seed), samples)
-            if prepared.noise is None
-            else prepared.noise
-        )
-        guidance = () if prepared.guidance is None else (prepared.guidance,) * samples
-        if samples == 1:
-            cache, chunks = self.engine.act(observation, noise, self.num_steps, guidance)
-        else:
-            cache = self.engine.prefill(observation)
-            rows = self.engine.select_rows(cache, np.zeros(samples, np.int32))
-            chunks = self.engine.denoise(rows, noise, self.num_steps, guidance)
-        actions = self.keep(prepared, np.asarray(chunks))
-        timing = {"infer_ms": (time.monotonic() - start) * 1000}
-        text = self._speak(cache, prepared.texts) if prepared.texts else None
-        if text is not None:
-            timing["text_ms"] = (time.monotonic() - start) * 1000
-        return actions, text, timing
-
-    def _speak(self, cache, texts: Sequence[TextPlan]) -> dict[str | None, Speech]:
-        """Every language request of one observation decoded to completion on its prefix cache: the prompt's
-        continuation on the cache itself, text tasks after one extension call."""
-        if texts[0].task is not None:
-            cache = self.engine.extend(
-                cache, np.zeros(len(texts), np.int32), [list(t.suffix) for t in texts], MAX_TASK_TOKENS
-            )
-        pad = cache.mask.shape[0] - len(texts)
-        out = self.engine.generate(
-            cache,
-            self.max_text_tokens,
-            temperature=np.array([t.temperature for t in texts] + [0.0] * pad, np.float32),
-            top_p=texts[0].top_p,
-            max_new=np.array([t.max_new_tokens for t in texts] + [1] * pad, np.int32),
-            seed=texts[0].seed,
-        )
-        tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-        return {t.task: Speech(tokens[i, : lengths[i]].astype(np.int32)) for i, t in enumerate(texts)}
+            self.inline.run(dataclasses.replace(prepared, arrays=arrays, texts=()))
 
     def task_suffix(self, task: TextTask) -> list[int]:
         """The task's instruction tokens, refused (one line) when longer than `MAX_TASK_TOKENS`."""
@@ -424,15 +369,6 @@ class Policy:
         if prompt_for_text and budget == 0:
             raise InvalidRequest("text was asked for, but this policy has language off (max_text_tokens 0)")
         return budget
-
-    def keep(self, prepared: PreparedRequest, chunks: np.ndarray) -> np.ndarray:
-        """The model-space chunk [H, action_dim] a request keeps among the ones it drew [N, H, action_dim]:
-        the densest (`chunk_choice`), compared as the robot executes them. Every path that draws several
-        chunks chooses here."""
-        if len(chunks) == 1:
-            return chunks[0]
-        executed = [self.io.outputs(prepared.state, chunk)["actions"] for chunk in chunks]
-        return chunks[chunk_choice.densest(np.stack(executed))]
 
     def action_noise(self, noise: np.ndarray, samples: int = 1) -> np.ndarray:
         """The request's noise ([H, action_dim] for one sample, or [samples, H, action_dim]) checked, as

@@ -28,12 +28,12 @@ class RequestOptions:
 
     noise: [H, action_dim] (or [samples, H, action_dim]) makes the action sample deterministic;
     samples: how many action chunks to draw from the observation's one prefill, keeping the one inside the
-    motion most of them took (`policies.chunk_choice`; the inline path, `infer` and `execute`, only);
+    motion most of them took (`policies.chunk_choice`);
     prompt_for_text: ask for text (None: iff the policy speaks; False: actions only); max_text_tokens,
     temperature, top_p: the text budget (at most the policy's) and sampling; text_tasks: several named
     language tasks (see `policies.text_tasks`), each decoding after its instruction appended to the prefix;
     guidance: real-time chunking towards the robot's previous chunk: in model space as given, or as the
-    robot executes it (`ExecutedChunkGuidance`, expressed in this request's model space; `policies.rtc`).
+    robot executes it (`ExecutedChunkGuidance`, expressed in this request's model space; `robots.chunks`).
     """
 
     noise: np.ndarray | None = None

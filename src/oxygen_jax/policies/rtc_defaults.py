@@ -4,7 +4,7 @@ The method follows from training: a model trained with a clean prefix (`model.ma
 conditions on the executed actions, any other is guided (docs/rtc.md). `rtc.samples` is how many chunks a
 request that continues none (a robot's first) draws, keeping the one inside the motion most of them took:
 the setting measured best for the model. The policy carries both in its metadata, so the tools,
-`RtcPolicy` and the server's clients see which method runs.
+`LocalRobot` and the server's clients see which method runs.
 """
 
 from collections.abc import Mapping

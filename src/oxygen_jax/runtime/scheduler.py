@@ -11,8 +11,8 @@ harvest), are also what the device loop (`runtime/device_loop.py`) schedules on 
 
 An observation may draw several action chunks (`FrameInput.samples`): its first noise row denoises in the
 batch's program like any other row's, and all its samples denoise once more together on its row of the same
-prefix cache (rows padded to a power of two up to `max_samples`), as `Policy.execute` draws them; the
-caller keeps one (`Policy.keep`).
+prefix cache (rows padded to a power of two up to `max_samples`), as the inline runtime draws them; the
+caller keeps one (`Policy.finish`).
 
 A frame input may also carry task requests, each with its instruction's token suffix: one `Engine.extend`
 call per frame appends every task's suffix to its observation's prefix, and the extended rows join the

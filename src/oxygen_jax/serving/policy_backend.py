@@ -2,24 +2,27 @@
 
 Besides the robot observation a request may carry `noise` ([H, action_dim], or [samples, H, action_dim],
 making the sample deterministic), `samples` (action chunks drawn from its one prefill, the densest kept:
-`Policy.keep`, on both backends), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name
+`Policy.finish`, on both backends), `max_text_tokens`, `temperature`, `top_p` and `robot_id` (the robot's name
 in replies and the text stream); they are taken out before the robot transforms see the observation. Every
 request is checked whole against the server's `RequestSchema` (`serving/request_schema.py`) before any work
 on it; bad requests raise `InvalidRequest`, which the server answers as "Bad request: ..."; anything else is
 a server fault.
 
-- `PolicyServerBackend` (`--language=inline`): one request at a time, text decoded to completion within
-  it; the reply adds `text`, `text_tokens` and `text_done` (always True). A request may carry
-  `text_tasks` (name -> instruction, see `Policy.infer`): one prefill, and the reply's `texts` and
-  `texts_tokens` hold one text per task name.
-- `SessionServerBackend` (default): every connection is a robot of one `MultiRobotSession`, whose device
-  loop prefills the observations that wait together and decodes all robots' language requests in one
-  batch state (see `serving/session.py` for the reply's text fields). `max_text_tokens`, `temperature`
-  and `top_p` apply to the language request a request starts, and `text_tasks` makes it one request per
-  task (with a session that takes them). A request may carry `rtc` (real-time chunking, the `rtc`
-  protocol of `client/protocol.py`): its reply is guided towards the connection's last chunk, and every
-  reply carries `chunk_id`, `start` and `stale`; a bad `rtc` is a bad request of that robot only.
-  `PolicyServerBackend` refuses `rtc` (it keeps no per-connection state).
+Every connection is one robot (`robots.Robot`): its requests take the robot's one sequence on either
+backend, so a request may carry `rtc` (real-time chunking, the `rtc` protocol of `client/protocol.py`:
+its reply continues the connection's last chunk; a bad `rtc` is a bad request of that robot only) and
+`samples` alike, and every reply carries the robot's fields (`robot_id`, `observation_index`, `chunk_id`,
+`start`, `stale`, ...; `robots/robot.py`).
+
+- `PolicyServerBackend` (`--language=inline`): one request at a time on the policy's inline runtime
+  (`robots.local.run_inline`), text decoded to completion within it; the reply adds `text`, `text_tokens`
+  and `text_done` (always True). A request may carry `text_tasks` (name -> instruction, see
+  `Policy.infer`): one prefill, and the reply's `texts` and `texts_tokens` hold one text per task name.
+- `SessionServerBackend` (default): the robots of one `Robots`, whose device loop prefills the
+  observations that wait together and decodes all robots' language requests in one batch state (see
+  `robots/robots.py` for the reply's text fields). `max_text_tokens`, `temperature` and `top_p` apply to
+  the language request a request starts, and `text_tasks` makes it one request per task (with robots that
+  take them).
 
 Both are `ready` (the server's `/readyz`) once `warmup` compiled every program, or once the first request
 did; both keep Prometheus `metrics` (`serving/metrics.py`; `metrics=False`: none). `replica_id` (a replica
@@ -28,19 +31,19 @@ of a fleet, `serving/ray_app.py`) joins the metadata each client receives on con
 
 import asyncio
 import os
-import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
 from oxygen_jax.policies.policy import Policy
+from oxygen_jax.robots.local import run_inline
+from oxygen_jax.robots.robot import Robot, RobotRequest, Roster
+from oxygen_jax.robots.robots import NO_RTC, Robots
+from oxygen_jax.robots.speech import TextEvent
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.request_schema import RequestSchema
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest, TextEvent
-
-INLINE_RTC_REFUSAL = "rtc: real-time chunking needs the streaming server (--language=stream)"
 
 
 def _with_replica(metadata: Mapping[str, Any], replica_id: str | None) -> dict:
@@ -48,13 +51,16 @@ def _with_replica(metadata: Mapping[str, Any], replica_id: str | None) -> dict:
 
 
 class PolicyServerBackend:
-    """The `PolicyBackend` the websocket server calls, one request at a time, around one Policy."""
+    """The `AsyncPolicyBackend` the websocket server calls around one Policy: every connection a robot,
+    one request at a time on a worker thread (warm-up included: a Policy need not be thread-safe)."""
 
     def __init__(self, policy: Policy, *, metrics: bool = True, replica_id: str | None = None) -> None:
         self._policy = policy
-        self._schema = RequestSchema(policy, rtc_refusal=INLINE_RTC_REFUSAL)
+        self._schema = RequestSchema(policy)
         self._replica_id = replica_id
-        self._lock = threading.Lock()  # warm-up and requests take turns: a Policy need not be thread-safe
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="inline")
+        self._robots = Roster(lambda name: Robot(policy, name))
+        self._clients: set[asyncio.Task] = set()
         self._ready = False
         self.metrics = ServerMetrics(self.metadata) if metrics else None
         if self.metrics is not None:
@@ -70,24 +76,31 @@ class PolicyServerBackend:
 
     def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
         """Compiles what a request runs, on `obs` (default: the robot's blank observation)."""
-        with self._lock:
-            self._policy.warmup(self._policy.io.spec.example() if obs is None else obs)
-            self._ready = True
+        obs = self._policy.io.spec.example() if obs is None else obs
+        self._worker.submit(self._policy.warmup, obs).result()
+        self._ready = True
         if self.metrics is not None:
             self.metrics.warmed_up()
 
-    def infer(self, obs: dict) -> dict:
-        request = self._schema.check(obs)
-        with self._lock:
-            result = self._policy.infer(request.obs, **vars(request.options))
-            self._ready = True
+    async def infer_async(self, obs: dict) -> dict:
+        client = _connected(asyncio.current_task(), self._clients, self._robots.pop)
+        result = await asyncio.get_running_loop().run_in_executor(self._worker, self._infer, client, obs)
+        self._ready = True
         if "text" in result:
             result["text_done"] = True
         return result
 
+    def close(self) -> None:
+        self._worker.shutdown()
+
+    def _infer(self, client: asyncio.Task, obs: dict) -> dict:
+        request = self._schema.check(obs)
+        robot = self._robots.get(client, request.robot_id)
+        return run_inline(robot, robot.prepare(request.obs, request.options, request.rtc))
+
 
 class SessionServerBackend:
-    """An `AsyncPolicyBackend` that serves every connection as one robot of a `MultiRobotSession`.
+    """An `AsyncPolicyBackend` that serves every connection as one robot of `Robots`.
 
     Requests are prepared on a pool of `prepare_workers` threads (default: one per core, at least two), so
     one robot's expensive preparation (large images, a long prompt) never holds up another robot's, then
@@ -99,13 +112,14 @@ class SessionServerBackend:
 
     def __init__(
         self,
-        session: MultiRobotSession,
+        session: Robots,
         *,
         prepare_workers: int | None = None,
         metrics: bool = True,
         replica_id: str | None = None,
     ) -> None:
         self._session = session
+        self._schema = RequestSchema(session.policy, rtc_refusal=None if session.rtc else NO_RTC)
         self._replica_id = replica_id
         workers = prepare_workers or max(2, os.cpu_count() or 1)
         self._prepare = ThreadPoolExecutor(workers, thread_name_prefix="prepare")
@@ -123,16 +137,13 @@ class SessionServerBackend:
         return self._session.warm
 
     def warmup(self, obs: Mapping[str, Any] | None = None) -> None:
-        """Compiles every program (`MultiRobotSession.warmup`)."""
+        """Compiles every program (`Robots.warmup`)."""
         self._session.warmup(obs)
         if self.metrics is not None:
             self.metrics.warmed_up()
 
     async def infer_async(self, obs: dict) -> dict:
-        client = asyncio.current_task()
-        if client not in self._clients:
-            self._clients.add(client)
-            client.add_done_callback(self._depart)
+        client = _connected(asyncio.current_task(), self._clients, self._session.end)
         loop = asyncio.get_running_loop()
         reply = loop.create_future()
 
@@ -140,7 +151,7 @@ class SessionServerBackend:
             loop.call_soon_threadsafe(_settle, reply, result)
 
         def submit() -> None:  # on a prepare thread: checking a request is work too (its images)
-            request = self._session.schema.check(obs)
+            request = self._schema.check(obs)
             robot = RobotRequest(client, request.obs, request.options, request.robot_id, request.rtc)
             self._session.submit(robot, answer)
 
@@ -173,10 +184,6 @@ class SessionServerBackend:
             }
         )
 
-    def _depart(self, client: asyncio.Task) -> None:
-        self._clients.discard(client)
-        self._session.end(client)
-
 
 def text_message(event: TextEvent) -> dict:
     """A text event as the `/text` stream sends it."""
@@ -189,6 +196,22 @@ def text_message(event: TextEvent) -> dict:
         "done": event.done,
         "finish_reason": event.finish_reason,
     }
+
+
+def _connected(
+    client: asyncio.Task, clients: set[asyncio.Task], depart: Callable[[Hashable], Any]
+) -> asyncio.Task:
+    """`client` (a connection's task) among `clients`; when it ends it leaves them and `depart(client)`
+    lets its robot go."""
+    if client not in clients:
+        clients.add(client)
+
+        def departed(task: asyncio.Task) -> None:
+            clients.discard(task)
+            depart(task)
+
+        client.add_done_callback(departed)
+    return client
 
 
 def _settle(future: asyncio.Future, result: dict | Exception) -> None:

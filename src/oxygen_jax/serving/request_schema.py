@@ -1,17 +1,18 @@
 """The served request, declared in one place and checked whole before any work is done on it.
 
 A request is one map: the robot's observation (the keys its `RawSpec` names, see `observation_fields`)
-plus the request fields of `FIELDS`. `RequestSchema.check` runs every field's check, then the
-observation's, and only then does the server transform, tokenize or queue anything; the first field that
-fails refuses the request with a one-line `InvalidRequest` (answered as "Bad request: ..."). Any other
-exception while serving is a server fault, so every check here must turn a bad value into
-`InvalidRequest` and nothing else (tests/test_serving_request_fuzz.py generates requests across this
-schema to hold it to that).
+plus the request fields of `FIELDS`. `RequestSchema.check` splits it and runs the checks of the fields
+that are the server's (a robot id, the form of an `rtc` entry); the robot's `Robot.prepare` then checks
+the `rtc` entry against its last chunk, and `Policy.prepare` the options (`Policy.check_options`) and the
+observation (`RobotIO.check`) first thing, before it transforms or tokenizes anything: each check runs
+once, and nothing is queued before all of them passed. The first that fails refuses the request with a
+one-line `InvalidRequest` (answered as "Bad request: ..."). Any other exception while serving is a server
+fault, so every check must turn a bad value into `InvalidRequest` and nothing else
+(tests/test_serving_request_fuzz.py generates requests across this schema to hold it to that).
 
-The checks are the ones the policy itself runs (`policies.request_options`, `Policy.check_options`,
-`policies.text_tasks`, `RobotIO.check`, `policies.rtc.check_entry`): this module says which apply to
-which field; it does not restate them. Checks that need the robot's state (an `rtc` entry against its
-last chunk) or the tokenizer's count of the prompt run where that state is, after this one.
+The checks are the ones the policy and the robot run (`policies.request_options`, `Policy.check_options`,
+`policies.text_tasks`, `RobotIO.check`, `robots.chunks.check_entry`): this module says which apply to
+which field, for the docs' table and the tests; it does not restate them.
 """
 
 import dataclasses
@@ -20,11 +21,11 @@ from typing import Any
 
 from oxygen_jax.client import protocol
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import MAX_SAMPLES, MAX_TASK_TOKENS, MAX_TEMPERATURE, Policy
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.policies.robot_io import MAX_PROMPT_CHARS, RawSpec
 from oxygen_jax.policies.text_tasks import MAX_INSTRUCTION_CHARS, MAX_TASK_NAME_CHARS
+from oxygen_jax.robots import chunks
 
 MAX_ROBOT_ID = 64
 
@@ -91,9 +92,9 @@ FIELDS = (
     ),
     Field(
         protocol.RTC,
-        f"map of {', '.join(rtc.FIELDS)} (integers; control_hz a number)",
-        f"executed 0 to H, 0 <= delay < H, delay <= horizon <= H, control_hz in (0, {rtc.MAX_CONTROL_HZ:g}]; "
-        "streaming server only",
+        f"map of {', '.join(chunks.FIELDS)} (integers; control_hz a number)",
+        f"executed 0 to H, 0 <= delay < H, delay <= horizon <= H,"
+        f" control_hz in (0, {chunks.MAX_CONTROL_HZ:g}]",
         lambda schema, value: schema.check_rtc(value),
     ),
 )
@@ -141,32 +142,29 @@ class CheckedRequest:
 
 
 class RequestSchema:
-    """The request schema of one server: its policy (the ranges of the options, the robot's observation),
-    how many text tasks a request may carry and whether it takes `rtc` (`rtc_refusal`: the one line that
-    refuses it, None when it takes it)."""
+    """The request schema of one server: its policy (the model's action horizon an `rtc` entry is checked
+    against) and whether it takes `rtc` (`rtc_refusal`: the one line that refuses it, None when it takes
+    it)."""
 
-    def __init__(self, policy: Policy, *, max_text_tasks: int | None = None, rtc_refusal: str | None = None):
+    def __init__(self, policy: Policy, *, rtc_refusal: str | None = None):
         self.policy = policy
-        self.max_text_tasks = max_text_tasks
         self.rtc_refusal = rtc_refusal
 
     def check(self, request: Mapping[str, Any]) -> CheckedRequest:
-        """The request split into its observation and fields, each checked (`InvalidRequest` for the first
-        that fails): the fields in `FIELDS` order, their combination (text tasks take the request's
-        options), then the observation."""
+        """The request split into its observation and fields, the server's fields checked in `FIELDS`
+        order (`InvalidRequest` for the first that fails); its options and observation are
+        `Policy.prepare`'s to check."""
         if not isinstance(request, Mapping):
             raise InvalidRequest(f"observation must be a map, got {type(request).__name__}")
         obs = dict(request)
         values = {name: obs.pop(name, None) for name in FIELD_NAMES}
         options = RequestOptions(**{name: values[name] for name in OPTION_NAMES if values[name] is not None})
-        self.policy.check_options(options, max_tasks=self.max_text_tasks)
         for field in FIELDS:
             if field.check is not None and values[field.name] is not None:
                 field.check(self, values[field.name])
-        self.policy.io.check(obs)
         return CheckedRequest(obs, options, values["robot_id"], values[protocol.RTC])
 
     def check_rtc(self, entry: Any) -> None:
         if self.rtc_refusal is not None:
             raise InvalidRequest(self.rtc_refusal)
-        rtc.check_entry(entry, self.policy.engine.config.action_horizon)
+        chunks.check_entry(entry, self.policy.engine.config.action_horizon)

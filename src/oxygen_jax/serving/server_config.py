@@ -6,10 +6,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from oxygen_jax.policies.policy import create_policy
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import recorder
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession
 from oxygen_jax.serving.websocket_server import PolicyBackend, ServerLimits
 
 
@@ -59,7 +59,7 @@ class ServerConfig:
         if self.runtime is None:
             backend = PolicyServerBackend(policy, metrics=self.metrics, replica_id=replica_id)
         else:
-            session = MultiRobotSession(
+            session = Robots(
                 policy,
                 self.runtime,
                 max_text_tasks=self.max_text_tasks,

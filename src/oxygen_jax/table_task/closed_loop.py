@@ -13,8 +13,9 @@ import numpy as np
 import tqdm
 
 from oxygen_jax.client import latency, simulated
-from oxygen_jax.policies import bid_policy, rtc, rtc_defaults
+from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.policies.policy import Policy, create_policy
+from oxygen_jax.robots import bid_robot, trial
 from oxygen_jax.table_task import dataset, detour
 
 CONTROL_HZ = float(dataset.FPS)  # the demonstrations' rate
@@ -77,7 +78,7 @@ def run_episode(
     latency_steps: Callable[[], float] | None = None,
     delay_estimate: int | None = None,
 ) -> Episode:
-    """One episode of `infer` (a fresh `RtcPolicy.infer` per episode: it keeps the robot's last chunk);
+    """One episode of `infer` (a fresh `LocalRobot.infer` per episode: it keeps the robot's last chunk);
     latency_steps and delay_estimate as in `simulated.run`."""
     world = DetourWorld(scene)
     motion = simulated.run(
@@ -138,7 +139,7 @@ def evaluate(
     seed: int,
     execution_horizon: int,
     max_steps: int = MAX_STEPS,
-    guidance: rtc.GuidanceSettings = rtc.DEFAULT_GUIDANCE,
+    guidance: trial.GuidanceSettings = trial.DEFAULT_GUIDANCE,
     latencies: latency.LatencySettings = latency.NO_JITTER,
 ) -> dict[str, Any]:
     """`episodes` held-out scenes in closed loop; results.json's fields. The same seed gives every mode
@@ -149,7 +150,7 @@ def evaluate(
     )
     latencies.check(policy.engine.config.action_horizon)
     guidance = guidance.for_policy(policy)
-    seeded_infer = bid_policy.seeded_infer if execution == "bid" else rtc.seeded_infer
+    seeded_infer = bid_robot.seeded_infer if execution == "bid" else trial.seeded_infer
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):
@@ -183,7 +184,7 @@ def evaluate(
         else rtc_defaults.method(policy.engine.config.max_clean_prefix),
         **guidance.fields(),
         **latencies.fields(),
-        **({"bid_weak_steps": bid_policy.default_weak_steps(policy.num_steps)} if execution == "bid" else {}),
+        **({"bid_weak_steps": bid_robot.default_weak_steps(policy.num_steps)} if execution == "bid" else {}),
         **summarize(runs),
     }
 

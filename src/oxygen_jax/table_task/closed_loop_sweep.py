@@ -8,8 +8,8 @@ from typing import Any
 
 from oxygen_jax import plotting
 from oxygen_jax.client import MODES
-from oxygen_jax.policies import rtc
 from oxygen_jax.policies.policy import Policy
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop
 
 _PANELS = (
@@ -39,7 +39,7 @@ def sweep(
     seed: int,
     execution_horizon: int,
     modes: Sequence[str] = MODES,
-    guidance: rtc.GuidanceSettings = rtc.DEFAULT_GUIDANCE,
+    guidance: trial.GuidanceSettings = trial.DEFAULT_GUIDANCE,
 ) -> list[dict[str, Any]]:
     """Runs every (mode, d), writing OUT/<mode>_d<d>/results.json, OUT/sweep.json and OUT/closed_loop.png."""
     rows = []

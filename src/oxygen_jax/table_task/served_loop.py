@@ -13,7 +13,8 @@ import tqdm
 
 from oxygen_jax.client import simulated
 from oxygen_jax.client.executor import Executor, ExecutorConfig, MonotonicClock, ThreadedRequests
-from oxygen_jax.policies import rtc, rtc_defaults
+from oxygen_jax.policies import rtc_defaults
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, detour
 
 _QUANTILES = (0.1, 0.5, 0.9)
@@ -58,7 +59,7 @@ def evaluate(
         "seed": seed,
         "max_steps": max_steps,
         "rtc_method": rtc_defaults.method(model.max_clean_prefix),
-        **rtc.ONE_SAMPLE.fields(),  # the server's shared batches draw one chunk per request
+        **trial.ONE_SAMPLE.fields(),  # the server's shared batches draw one chunk per request
         "latency_jitter": "measured",
         "delay_estimate": None,  # the executor's: the longest of its last 3 latencies, rounded up
         **closed_loop.summarize(runs),

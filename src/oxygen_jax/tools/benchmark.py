@@ -29,7 +29,7 @@ import jax
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli, config, preflight
+from oxygen_jax import config, preflight
 from oxygen_jax.benchmarks import (
     fleet,
     gpu_image,
@@ -44,6 +44,7 @@ from oxygen_jax.benchmarks import (
     sweeps,
     worker,
 )
+from oxygen_jax.tools import cli
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]  # the checkout (src/oxygen_jax/tools/ is three below)
 IMAGE_PACKAGES = ROOT / "scripts" / "gpu_image_packages.txt"

@@ -16,10 +16,10 @@ import pathlib
 
 from absl import flags
 
-from oxygen_jax import cli
 from oxygen_jax.client import MODES, simulated
 from oxygen_jax.evaluation import aloha_latency, aloha_sim, policies, recording
-from oxygen_jax.policies import rtc
+from oxygen_jax.robots import trial
+from oxygen_jax.tools import cli
 
 _POLICY = cli.define_policy_flags("pi05_aloha")
 _TASK = flags.DEFINE_enum("task", "AlohaTransferCube-v0", sorted(aloha_sim.TASKS), "gym-aloha task.")
@@ -82,7 +82,7 @@ def _run_executor(settings: aloha_sim.Settings, out_dir: pathlib.Path) -> None:
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
-    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    guidance = trial.GuidanceSettings(*_GUIDANCE.values())
     guidance.check(model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
     policy = policies.policy_for(_ROBOT.value, **_POLICY.settings())
     results = aloha_latency.evaluate(

@@ -17,8 +17,8 @@ import pathlib
 
 from absl import flags
 
-from oxygen_jax import cli
 from oxygen_jax.evaluation import droid, policies, recording, video
+from oxygen_jax.tools import cli
 
 _POLICY = cli.define_policy_flags("pi05_droid")
 _MODE = flags.DEFINE_enum("mode", "replay", ["robot", "replay"], "Real robot, or offline replay.")

@@ -12,8 +12,8 @@ import pathlib
 
 from absl import flags
 
-from oxygen_jax import cli
 from oxygen_jax.evaluation import libero_sim, policies, recording
+from oxygen_jax.tools import cli
 
 _POLICY = cli.define_policy_flags("pi05_libero")
 _SUITES = flags.DEFINE_list(

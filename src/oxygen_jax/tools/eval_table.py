@@ -29,10 +29,12 @@ import pathlib
 
 from absl import app, flags
 
-from oxygen_jax import cli, config, preflight
+from oxygen_jax import config, preflight
 from oxygen_jax.client import latency, simulated
-from oxygen_jax.policies import rtc, rtc_defaults
+from oxygen_jax.policies import rtc_defaults
+from oxygen_jax.robots import trial
 from oxygen_jax.table_task import closed_loop, closed_loop_sweep, served_loop
+from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(
     "config", "pi05_detour", "Config of the policy (its own checkpoint by default)."
@@ -95,7 +97,7 @@ def main(_):
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
     )
-    guidance = rtc.GuidanceSettings(*_GUIDANCE.values())
+    guidance = trial.GuidanceSettings(*_GUIDANCE.values())
     guidance.check(cfg.model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
     latencies = latency.LatencySettings(_JITTER.value, _DELAY_ESTIMATE.value)
     latencies.check(horizon)

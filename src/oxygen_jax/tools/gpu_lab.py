@@ -16,8 +16,8 @@ import time
 import jax
 from absl import flags
 
-from oxygen_jax import cli
 from oxygen_jax.benchmarks import lab, lab_report
+from oxygen_jax.tools import cli
 
 _CONFIGS = flags.DEFINE_list("configs", ["pi05_libero", "pi05_aloha"], "Model configs, in order.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.md, summary.json and phases.png.", required=True)

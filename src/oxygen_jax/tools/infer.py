@@ -30,11 +30,12 @@ import jax
 import numpy as np
 from absl import flags
 
-from oxygen_jax import cli, config, preflight
+from oxygen_jax import config, preflight
 from oxygen_jax.engine.api import ChunkGuidance
 from oxygen_jax.engine.guidance import SCHEDULES
 from oxygen_jax.models import inputs
 from oxygen_jax.table_task import scenes as table_scenes
+from oxygen_jax.tools import cli
 
 _MODEL = cli.define_model_flags("pi05_demo")
 _MAX_TEXT = cli.define_max_text_tokens()

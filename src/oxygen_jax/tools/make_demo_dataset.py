@@ -14,8 +14,9 @@ no default config.
 
 from absl import flags
 
-from oxygen_jax import cli, preflight
+from oxygen_jax import preflight
 from oxygen_jax.table_task import dataset, detour_dataset, scenes
+from oxygen_jax.tools import cli
 
 # task: (default episodes, the recorder taking root, episodes and seed)
 _RECORDERS = {

@@ -22,7 +22,7 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from oxygen_jax import cli, config, preflight
+from oxygen_jax import config, preflight
 from oxygen_jax.benchmarks import arrivals, metrics, observations, serving
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.runtime import runtime
@@ -30,6 +30,7 @@ from oxygen_jax.runtime.requests import TextRequest
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.runtime.scheduler import FrameInput
 from oxygen_jax.table_task import scenes as table_scenes
+from oxygen_jax.tools import cli
 
 _MODEL = cli.define_model_flags("pi05_demo")
 _MAX_TEXT = cli.define_max_text_tokens()

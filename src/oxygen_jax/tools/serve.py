@@ -56,10 +56,11 @@ import threading
 
 from absl import flags, logging
 
-from oxygen_jax import cli, config, errors, preflight
+from oxygen_jax import config, errors, preflight
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import openpi_args, recorder, websocket_server
 from oxygen_jax.serving.server_config import ServerConfig
+from oxygen_jax.tools import cli
 
 _ENV = flags.DEFINE_enum(
     "env",
@@ -328,8 +329,7 @@ def main(_):
     # Compiles while the server already answers /healthz (and /readyz 503); a first request waits for it.
     threading.Thread(target=backend.warmup, name="warmup", daemon=True).start()
     websocket_server.serve(backend, _HOST.value, _PORT.value, limits=server.limits)
-    if server.runtime is not None:
-        backend.close()  # the runtime answers what it holds, then stops
+    backend.close()  # what was received is answered, then the runtime stops
 
 
 def parse_flags(argv: list[str]) -> list[str]:

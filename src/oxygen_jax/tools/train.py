@@ -28,12 +28,13 @@ import numpy as np
 import optax
 from absl import flags
 
-from oxygen_jax import checkpoints, cli, preflight
+from oxygen_jax import checkpoints, preflight
 from oxygen_jax import config as config_lib
 from oxygen_jax.models import inputs, pi05
 from oxygen_jax.params import load_params
 from oxygen_jax.policies.normalization import load_norm_stats
 from oxygen_jax.table_task import scoring
+from oxygen_jax.tools import cli
 from oxygen_jax.training import loop, synthetic
 from oxygen_jax.training.batch import batch_from_arrays
 from oxygen_jax.training.loss import mean_loss

@@ -1,6 +1,6 @@
-"""`samples` (several chunks from one prefill, the densest kept) alike on every path: `Policy.infer`, the
-inline server (`PolicyServerBackend`) and the streaming server (`MultiRobotSession` on the runtime), on the
-tiny golden model in float32.
+"""`samples` (several chunks from one prefill, the densest kept) and `rtc` alike on every path:
+`Policy.infer` or a local robot (`LocalRobot`), the inline server (`PolicyServerBackend`) and the
+streaming server (`Robots` on the runtime), on the tiny golden model in float32.
 
 The streaming server denoises a request's samples on its row of a prefill batch padded to a bucket, so its
 chunks may differ from `Policy.infer`'s by float32 rounding of the batched reductions (ulps): compared to
@@ -11,12 +11,15 @@ import numpy as np
 import pytest
 from conftest import OPENPI_CLIENT_WARNING, make_policy, openpi_client, raw_observation
 
+from oxygen_jax.client import protocol
 from oxygen_jax.engine.compile_counter import CompileCounter
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.robots.local import LocalRobot
+from oxygen_jax.robots.robot import RobotRequest
+from oxygen_jax.robots.robots import Robots
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving.policy_backend import PolicyServerBackend, SessionServerBackend
-from oxygen_jax.serving.session import MultiRobotSession, RobotRequest
 from oxygen_jax.serving.websocket_server import BackgroundServer
 
 # openpi-client pins numpy<2, so CI installs it with `pip install --no-deps openpi-client`.
@@ -40,7 +43,7 @@ def policy():
 @pytest.fixture(scope="module")
 def session(policy):
     config = RuntimeConfig(max_slots=0, max_new_tokens=0, max_prefill_batch=2)
-    session = MultiRobotSession(policy, config, max_samples=4)
+    session = Robots(policy, config, max_samples=4)
     session.warmup(raw_observation())
     yield session
     session.stop()
@@ -89,3 +92,31 @@ def test_more_samples_than_the_session_draws_are_refused_with_one_line(session):
     assert isinstance(reply, InvalidRequest)
     assert str(reply) == "samples must lie in [1, 4] on this server, got 5"
     assert session.metadata["max_samples"] == 4
+
+
+def _continued(executed: int, delay: int) -> dict:
+    return raw_observation() | {protocol.RTC: {"executed": executed, "delay": delay}}
+
+
+def test_the_same_rtc_requests_give_the_same_actions_on_every_path(policy, session):
+    """A robot's first chunk, then a chunk continuing it (`rtc`), with the same noise: a local robot, the
+    inline server and the streaming server answer alike (the streaming one to batch rounding)."""
+    first, then = _noise(4, 1)[0], _noise(5, 1)[0]
+    local = LocalRobot(policy, fresh_samples=1)
+    want = [local.infer(raw_observation(), noise=first), local.infer(_continued(3, 2), noise=then)]
+    assert want[1]["rtc_method"] == "guided" and want[1][protocol.START] == 2
+    plain = policy.infer(raw_observation(), noise=then)["actions"]
+    assert np.abs(plain - want[1]["actions"]).max() > 100 * ATOL  # the guidance changed the chunk
+    requests = [raw_observation() | {"noise": first}, _continued(3, 2) | {"noise": then}]
+    with BackgroundServer(PolicyServerBackend(policy, metrics=False)) as inline:
+        client = openpi_client(inline.port)
+        inline_replies = [client.infer(request) for request in requests]
+    with BackgroundServer(SessionServerBackend(session, metrics=False)) as streaming:
+        client = openpi_client(streaming.port)
+        streamed = [client.infer(request) for request in requests]
+    for got_inline, got_streamed, expected in zip(inline_replies, streamed, want, strict=True):
+        np.testing.assert_array_equal(got_inline["actions"], expected["actions"])
+        np.testing.assert_allclose(got_streamed["actions"], expected["actions"], rtol=0, atol=ATOL)
+        for reply in (got_inline, got_streamed):
+            assert reply[protocol.START] == expected[protocol.START]
+            assert reply.get("rtc_method") == expected.get("rtc_method")

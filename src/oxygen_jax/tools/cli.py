@@ -248,7 +248,7 @@ def renamed(new: flags.FlagHolder, old: flags.FlagHolder) -> Any:
 
 @dataclasses.dataclass(frozen=True)
 class ClosedLoopGuidanceFlags:
-    """The closed-loop evaluations' rtc settings (`policies.rtc.GuidanceSettings`' fields, in order)."""
+    """The closed-loop evaluations' rtc settings (`robots.trial.GuidanceSettings`' fields, in order)."""
 
     schedule: flags.FlagHolder
     max_guidance_weight: flags.FlagHolder
