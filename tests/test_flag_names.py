@@ -14,7 +14,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CLI_DOC = ROOT / "docs" / "cli.md"
-TOOLS = sorted(p.stem for p in (ROOT / "src" / "oxygen_jax" / "tools").glob("*.py") if p.stem != "__init__")
+TOOLS = sorted(
+    p.stem for p in (ROOT / "src" / "oxygen_jax" / "tools").glob("*.py") if p.stem not in ("__init__", "cli")
+)
 DEPRECATED = re.compile(r"^Deprecated: use --(\w+)\.")
 
 WALK = """

@@ -72,7 +72,7 @@ def healthy_actions(policy, noise) -> np.ndarray:
 
 def _groups(session: Robots, client: str) -> list:
     """The robot's language requests still to report (none for a robot never served)."""
-    robot = session._robots.get(client)
+    robot = session._robots._robots.get(client)  # `get` would add it
     return robot.groups if robot else []
 
 
@@ -184,7 +184,7 @@ def test_fuzzed_requests_never_change_a_healthy_robots_reply(
     frame, to float32 rounding in a batch of two) and its text advances one token per frame."""
     attacker = RobotRequest("fuzzer", raw_observation() | {key: value}, RequestOptions(**request_options))
     before = _groups(session, "healthy")
-    speech = before[0].speeches[0] if before else None
+    speech = before[0].requests[0] if before else None
     previous = 0 if speech is None or speech.result is not None else len(speech.tokens)
     good, other = session.step([healthy(noise), attacker])
     if isinstance(other, Exception):
