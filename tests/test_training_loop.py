@@ -214,3 +214,50 @@ def test_cli_refuses_ambiguous_data_with_one_line(tmp_path):
     assert (
         result.stderr.strip().splitlines()[-1] == "error: give exactly one of --dataset=DIR and --synthetic"
     )
+
+
+def _train_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train.py"), "--config=pi05_tiny", "--synthetic", *args],
+        env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_init_from_refuses_a_checkpoint_of_another_shape_in_one_line(cfg, tmp_path):
+    """`--init_from` loads with the model's shapes checked: the micro model's params (56-pixel images)
+    do not fit pi05_tiny (224)."""
+    checkpoints.save_params(tmp_path / "micro", _init_params(cfg))
+    result = _train_cli(
+        f"--init_from={tmp_path / 'micro'}", f"--run_dir={tmp_path / 'run'}", "--train_steps=1"
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert (
+        last.startswith(f"error: {tmp_path / 'micro'} does not fit config 'pi05_tiny'")
+        and "pos_embedding" in last
+    )
+
+
+@pytest.mark.integration
+def test_init_from_starts_training_from_the_checkpoints_params(tmp_path):
+    """A run started `--init_from` a checkpoint trains from its params: after one step of a tiny learning
+    rate they are still those params, not a random init's."""
+    tiny = config.load_config("pi05_tiny")
+    start = pi05.init_params(config.model_config(tiny), jax.random.key(7))
+    checkpoints.save_params(tmp_path / "start", start)
+    result = _train_cli(
+        f"--init_from={tmp_path / 'start'}",
+        f"--run_dir={tmp_path / 'run'}",
+        "--train_steps=1",
+        "--config.training.peak_lr=1e-12",
+        "--config.training.ema_decay=0.0",
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    trained = checkpoints.restore_params(tmp_path / "run")
+    flat_start, flat_trained = traverse_util.flatten_dict(start), traverse_util.flatten_dict(trained)
+    key = next(k for k in flat_start if "pos_embedding" in "/".join(map(str, k)))
+    np.testing.assert_allclose(np.asarray(flat_trained[key]), np.asarray(flat_start[key]), atol=1e-6)

@@ -62,6 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
     # The robot whose transforms wrap the model (policies.policy: libero, droid, aloha, aloha_sim, table);
     # None: the model alone (engine-level tools), no policy.
     c.robot = ml_collections.FieldReference(None, field_type=str)
+    # The table task `oxygen-eval-table` runs the model on (table_task/): detour, or detour_moving.
+    c.table_task = "detour"
     # Where norm stats live inside a checkpoint (<checkpoint>/assets/<asset_id>/), as openpi's asset id.
     c.asset_id = ml_collections.FieldReference(None, field_type=str)
     # The checkpoint tools load when none is given on the command line; None: a random-initialized model.

@@ -89,13 +89,15 @@ def run(
     prefix_horizon: int | None = None,
     latency_steps: Callable[[], float] | None = None,
     delay_estimate: int | None = None,
+    clock: SimClock | None = None,
 ) -> Motion:
-    """One episode: `Executor` in mode `execution` on a simulated clock until the robot is done or
-    `max_ticks` have run. `infer` keeps the robot's last chunk (a fresh `LocalRobot.infer` per episode).
-    latency_steps: draws each request's latency (default: `delay_steps` every time); delay_estimate: the
-    d the robot sends with `rtc` (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy
-    behind `infer` is what differs (`robots/bid_robot.py`)."""
-    clock = SimClock()
+    """One episode: `Executor` in mode `execution` on a simulated clock (`clock`, or a new one: pass one
+    to a world that moves with time) until the robot is done or `max_ticks` have run. `infer` keeps the
+    robot's last chunk (a fresh `LocalRobot.infer` per episode). latency_steps: draws each request's
+    latency (default: `delay_steps` every time); delay_estimate: the d the robot sends with `rtc`
+    (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy behind `infer` is what
+    differs (`robots/bid_robot.py`)."""
+    clock = clock or SimClock()
     config = ExecutorConfig(
         control_hz=control_hz,
         execution_horizon=execution_horizon,

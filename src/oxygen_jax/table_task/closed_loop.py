@@ -2,7 +2,8 @@
 through the robot-side `client.Executor` in one of its modes (sync, naive, rtc; bid: as rtc, each chunk
 chosen by bidirectional decoding), on the simulated clock of `client.simulated`, each request's latency
 fixed or drawn (`client.latency`). One episode ends when the gripper reaches the cube, enters the block
-or runs out of `max_steps` control steps.
+or runs out of `max_steps` control steps. The moving detour task (`moving_detour`) runs the same way, its
+cube moving with the simulated clock: on every control step, those the robot waits included.
 """
 
 import dataclasses
@@ -13,13 +14,15 @@ import numpy as np
 import tqdm
 
 from oxygen_jax.client import latency, simulated
+from oxygen_jax.client.executor import SimClock
 from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.policies.policy import Policy, create_policy
 from oxygen_jax.robots import bid_robot, trial
-from oxygen_jax.table_task import dataset, detour
+from oxygen_jax.table_task import dataset, detour, moving_detour
 
 CONTROL_HZ = float(dataset.FPS)  # the demonstrations' rate
 MAX_STEPS = 120  # control steps per episode: ~5x a demonstration's length
+TASKS = ("detour", "detour_moving")  # the tasks `evaluate` runs (a config's `table_task`)
 _LATENCY_STREAM = 1  # the latency draws' seed is (seed, episode, this)
 
 
@@ -56,6 +59,27 @@ class DetourWorld:
         return self.collided or self.scene.reached(self.gripper)
 
 
+class MovingDetourWorld(DetourWorld):
+    """The robot of one moving detour scene: as `DetourWorld`, the cube where `clock` says it is (the
+    scene `step` control steps into the episode)."""
+
+    def __init__(self, scene: moving_detour.MovingDetourScene, clock: SimClock):
+        self.moving, self._clock = scene, clock
+        self.gripper = scene.still.start.copy()
+        self.collided = False
+
+    @property
+    def step(self) -> float:
+        return self._clock.now() * CONTROL_HZ
+
+    @property
+    def scene(self) -> detour.DetourScene:
+        return self.moving.at(self.step)
+
+    def observe(self) -> dict:
+        return self.moving.observation(self.gripper, self.step)
+
+
 @dataclasses.dataclass(frozen=True)
 class Episode:
     success: bool
@@ -68,7 +92,7 @@ class Episode:
 
 def run_episode(
     infer: Callable[[dict], Mapping[str, Any]],
-    scene: detour.DetourScene,
+    scene: detour.DetourScene | moving_detour.MovingDetourScene,
     *,
     execution: str,
     delay_steps: int,
@@ -80,7 +104,11 @@ def run_episode(
 ) -> Episode:
     """One episode of `infer` (a fresh `LocalRobot.infer` per episode: it keeps the robot's last chunk);
     latency_steps and delay_estimate as in `simulated.run`."""
-    world = DetourWorld(scene)
+    clock = SimClock()
+    if isinstance(scene, moving_detour.MovingDetourScene):
+        world = MovingDetourWorld(scene, clock)
+    else:
+        world = DetourWorld(scene)
     motion = simulated.run(
         world,
         infer,
@@ -92,6 +120,7 @@ def run_episode(
         prefix_horizon=prefix_horizon,
         latency_steps=latency_steps,
         delay_estimate=delay_estimate,
+        clock=clock,
     )
     return episode(world, motion)
 
@@ -138,20 +167,28 @@ def evaluate(
     episodes: int,
     seed: int,
     execution_horizon: int,
-    max_steps: int = MAX_STEPS,
+    max_steps: int | None = None,
     guidance: trial.GuidanceSettings = trial.DEFAULT_GUIDANCE,
     latencies: latency.LatencySettings = latency.NO_JITTER,
+    task: str = "detour",
 ) -> dict[str, Any]:
-    """`episodes` held-out scenes in closed loop; results.json's fields. The same seed gives every mode
-    and delay the same scenes, the same action noise, request by request, and the same latency draws
-    (their own stream, so a run without jitter draws the noise it drew before)."""
+    """`episodes` held-out scenes of `task` (one of `TASKS`) in closed loop; results.json's fields.
+    max_steps: the task's budget by default. The same seed gives every mode and delay the same scenes,
+    the same action noise, request by request, and the same latency draws (their own stream, so a run
+    without jitter draws the noise it drew before)."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    moving = task == "detour_moving"
+    if max_steps is None:
+        max_steps = moving_detour.MAX_STEPS if moving else MAX_STEPS
     guidance.check(
         policy.engine.config, execution=execution, delays=[delay_steps], execution_horizon=execution_horizon
     )
     latencies.check(policy.engine.config.action_horizon)
     guidance = guidance.for_policy(policy)
     seeded_infer = bid_robot.seeded_infer if execution == "bid" else trial.seeded_infer
-    stream = detour.scenes(detour.HELD_OUT_SEED + seed)
+    module = moving_detour if moving else detour
+    stream = module.scenes(module.HELD_OUT_SEED + seed)
     runs = []
     for index in tqdm.trange(episodes, desc=f"{execution} d={delay_steps}", unit="episode"):
         latency_rng = np.random.default_rng((seed, index, _LATENCY_STREAM))
@@ -170,6 +207,7 @@ def evaluate(
         )
     return {
         "config": policy.metadata["config"],
+        "task": task,
         "execution": execution,
         "delay_steps": delay_steps,
         "action_horizon": policy.engine.config.action_horizon,

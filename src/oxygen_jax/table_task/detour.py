@@ -10,7 +10,7 @@ enters the block has collided (the demonstrations keep at least 0.05 from it).
 """
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
@@ -57,6 +57,10 @@ class DetourScene:
     def recovery_path(self, side: str, turn_y: float) -> np.ndarray:
         """[n + 1, 2] a recovery from overshooting: straight on past the split point down to `turn_y`,
         sideways there to beside the block, then down beside it and on to the cube, at `SPEED` per step."""
+        return _along(self.recovery_waypoints(side, turn_y))
+
+    def recovery_waypoints(self, side: str, turn_y: float) -> np.ndarray:
+        """[5, 2] a recovery's corners: start, the turn, beside the block at the turn, beside it, the cube."""
         beside_x = float(self.block[0]) + _SIGNS[side] * _SIDE_OFFSET
         corners = [
             self.start,
@@ -65,7 +69,7 @@ class DetourScene:
             (beside_x, self.block[1]),
             self.goal,
         ]
-        return _along(np.array(corners, np.float32))
+        return np.array(corners, np.float32)
 
     def collides(self, a: np.ndarray, b: np.ndarray) -> bool:
         """Whether the straight move from a to b passes through the block."""
@@ -115,14 +119,18 @@ def scenes(seed: int) -> Iterator[DetourScene]:
         yield random_scene(rng)
 
 
-def render(scene: DetourScene, gripper: np.ndarray) -> np.ndarray:
+def render(
+    scene: DetourScene, gripper: np.ndarray, under: Sequence[tuple[np.ndarray, tuple[int, int, int]]] = ()
+) -> np.ndarray:
     """uint8 [224, 224, 3]: the table, the grey block, the red cube and the gripper as a dark disc (filled
-    and wider than the demo's ring, so that the patches it covers tell its position finely)."""
+    and wider than the demo's ring, so that the patches it covers tell its position finely). under: more
+    cube-sized squares (centre, colour) drawn beneath the cube (the moving task's trail)."""
     size = table_scenes.IMAGE_SIZE
     image = np.broadcast_to(table_scenes.TABLE_RGB, (size, size, 3)).copy()
     grid = (np.arange(size) + 0.5) / size
     for centre, half, colour in (
         (scene.block, BLOCK_HALF, _GREY),
+        *(((centre, (table_scenes.CUBE_HALF,) * 2, colour) for centre, colour in under)),
         (scene.goal, (table_scenes.CUBE_HALF,) * 2, _RED),
     ):
         rows = np.abs(grid - centre[1]) <= half[1]

@@ -15,26 +15,33 @@ import numpy as np
 import tqdm
 
 from oxygen_jax.lerobot.writer import LeRobotWriter
-from oxygen_jax.table_task import dataset, detour
+from oxygen_jax.table_task import dataset, detour, moving_detour
 
 # Episodes the shipped models were trained on (`oxygen-make-demo-dataset --task=detour`'s and
 # `--task=detour_recovery`'s defaults); in the latter a third are recovery episodes.
 TRAIN_SCENES = 600
 RECOVERY_TRAIN_SCENES = 900
+# `--task=detour_moving`'s default (`pi05_detour_moving`'s data), a third of them recovery episodes.
+MOVING_TRAIN_SCENES = 900
 # Where recovery episodes turn sideways: from just past the split point to just above the block.
 RECOVERY_TURN_Y = (0.64, 0.76)
 
 
 def record_dataset(
-    root: str | pathlib.Path, num_scenes: int, seed: int = detour.TRAIN_SEED, recovery_scenes: int = 0
+    root: str | pathlib.Path,
+    num_scenes: int,
+    seed: int = detour.TRAIN_SEED,
+    recovery_scenes: int = 0,
+    moving: bool = False,
 ) -> pathlib.Path:
     """`num_scenes` episodes, the last `recovery_scenes` of them recovery ones: every position of a
     demonstration, then `HOLD_STEPS` frames at the cube; the gripper position as state, the next one as
-    action. The usual episodes are the same with or without recovery ones."""
+    action. The usual episodes are the same with or without recovery ones. moving: the moving detour
+    task's (`moving_detour`: its scenes, each frame showing the cube where it is at that step)."""
     if not 0 <= recovery_scenes <= num_scenes:
         raise ValueError(f"recovery_scenes must be in [0, {num_scenes}], got {recovery_scenes}")
     writer = LeRobotWriter(root, fps=dataset.FPS, robot_type="table")
-    stream = detour.scenes(seed)
+    stream = (moving_detour if moving else detour).scenes(seed)
     sides = np.random.default_rng(seed + 1)
     for _ in tqdm.trange(num_scenes - recovery_scenes, desc="recording detour episodes", unit="episode"):
         scene = next(stream)
@@ -57,19 +64,39 @@ def record_recovery_dataset(
     return record_dataset(root, num_scenes, seed, recovery_scenes=num_scenes // 3)
 
 
+def record_moving_dataset(
+    root: str | pathlib.Path, num_scenes: int, seed: int = detour.TRAIN_SEED
+) -> pathlib.Path:
+    """The moving detour task's episodes, a third of them recovery ones (`pi05_detour_moving`'s data)."""
+    return record_dataset(root, num_scenes, seed, recovery_scenes=num_scenes // 3, moving=True)
+
+
 def _record_episode(
-    writer: LeRobotWriter, scene: detour.DetourScene, path: np.ndarray, first: int = 0
+    writer: LeRobotWriter,
+    scene: detour.DetourScene | moving_detour.MovingDetourScene,
+    path: np.ndarray,
+    first: int = 0,
 ) -> None:
-    """Frames `first` on of `path` followed by `HOLD_STEPS` positions at its end."""
-    positions = np.concatenate([path, np.repeat(path[-1:], detour.HOLD_STEPS, axis=0)])
+    """Frames `first` on of `path` followed by `HOLD_STEPS` positions on the cube (following a moving one)."""
+    if isinstance(scene, moving_detour.MovingDetourScene):
+        end = len(path) - 1
+        hold = [scene.goal_at(end + step) for step in range(1, detour.HOLD_STEPS + 1)]
+        observe = scene.observation
+    else:
+        hold = [path[-1]] * detour.HOLD_STEPS
+
+        def observe(gripper: np.ndarray, step: int) -> dict[str, Any]:
+            return scene.observation(gripper)  # a still scene: the same at every step
+
+    positions = np.concatenate([path, np.asarray(hold, np.float32)])
     for step in range(first, len(positions)):
         action = positions[min(step + 1, len(positions) - 1)]
-        writer.add_frame(frame(scene, positions[step], action), task=detour.PROMPT)
+        writer.add_frame(frame(observe(positions[step], step), action), task=detour.PROMPT)
     writer.save_episode()
 
 
-def frame(scene: detour.DetourScene, gripper: np.ndarray, action: np.ndarray) -> dict[str, Any]:
-    obs = scene.observation(gripper)
+def frame(obs: dict[str, Any], action: np.ndarray) -> dict[str, Any]:
+    """One dataset frame: the observation the robot sends (a scene's `observation`) and the action."""
     return {
         "observation.image": obs["observation/image"],
         "observation.state": obs["observation/state"],

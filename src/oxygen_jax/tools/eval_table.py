@@ -22,6 +22,10 @@ Without method flags a model runs as its config says (`rtc_defaults`): pi05_deto
 keeps its first chunk among 8 samples, its best measured setting. `--execution=bid` chooses every chunk by
 bidirectional decoding among --fresh_samples samples (the baseline; policies/bid.py).
 
+A config's `table_task` picks the task: `--config=pi05_detour_moving` runs the moving detour task (the cube
+slides sideways behind the block, on every control step, those the robot waits included; its own episode
+budget, oxygen_jax.table_task.moving_detour).
+
 Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
 
@@ -116,6 +120,7 @@ def main(_):
         execution_horizon=execution_horizon,
         guidance=guidance,
         latencies=latencies,
+        task=cfg.table_task,
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")
@@ -123,9 +128,11 @@ def main(_):
 
 def _main_served() -> None:
     """--policy=remote: the robot on a real clock, requests over a websocket to the server."""
+    cfg = config.load_config(_CONFIG.value)
+    if cfg.table_task != "detour":
+        cli.fail(f"--policy=remote runs the detour task only; config {cfg.name!r} runs {cfg.table_task}")
     if _DELAY.value is not None or _LATENCY.value is not None or _EXECUTION.value == "bid":
         cli.fail("--policy=remote measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
-    cfg = config.load_config(_CONFIG.value)
     horizon = cfg.model.action_horizon
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value

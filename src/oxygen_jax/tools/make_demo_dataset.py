@@ -8,8 +8,10 @@ subtask ("reach the red cube on the left") on every frame (see oxygen_jax.table_
 `--task=detour` writes the detour task's demonstrations instead (what `pi05_detour` is trained on: the
 gripper going around a block on a random side, see oxygen_jax.table_task.detour); `--task=detour_recovery`
 adds recovery episodes to them, a third of all (what `pi05_detour_prefix` is trained on: after going
-straight on past the point where the others turn, back beside the block). No model is loaded: there is
-no default config.
+straight on past the point where the others turn, back beside the block); `--task=detour_moving` writes
+the moving detour task's, recovery ones included (what `pi05_detour_moving` is trained on: the cube
+slides sideways behind the block and the gripper pursues it, see oxygen_jax.table_task.moving_detour).
+No model is loaded: there is no default config.
 """
 
 from absl import flags
@@ -23,6 +25,7 @@ _RECORDERS = {
     "table": (dataset.TRAIN_SCENES, dataset.record_dataset),
     "detour": (detour_dataset.TRAIN_SCENES, detour_dataset.record_dataset),
     "detour_recovery": (detour_dataset.RECOVERY_TRAIN_SCENES, detour_dataset.record_recovery_dataset),
+    "detour_moving": (detour_dataset.MOVING_TRAIN_SCENES, detour_dataset.record_moving_dataset),
 }
 _OUT = cli.define_out_flag(None, "New folder for the dataset.")
 flags.mark_flag_as_required("out")
@@ -30,7 +33,8 @@ _TASK = flags.DEFINE_enum(
     "task",
     "table",
     list(_RECORDERS),
-    "table (pi05_demo), detour (pi05_detour) or detour_recovery (pi05_detour_prefix).",
+    "table (pi05_demo), detour (pi05_detour), detour_recovery (pi05_detour_prefix) or detour_moving "
+    "(pi05_detour_moving).",
 )
 _EPISODES = flags.DEFINE_integer(
     "episodes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1

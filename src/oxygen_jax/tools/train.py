@@ -2,6 +2,8 @@
 
   # train on a LeRobot dataset folder, starting from an openpi checkpoint; resumes if RUN has steps
   oxygen-train --config=pi05_demo --dataset=DATA --run_dir=RUN [--checkpoint_dir=CKPT]
+  # fine-tune a trained model on a new task: its params (shapes as the config's), the dataset's norm stats
+  oxygen-train --config=pi05_detour_moving --dataset=DATA --run_dir=RUN --init_from=CKPT
   # train on a tiny synthetic set (no dataset needed)
   oxygen-train --config=pi05_tiny --synthetic --run_dir=RUN --train_steps=20
   # loss terms and gradient norm on a batch given in train_io's `in/...` keys (noise and time included)
@@ -44,6 +46,12 @@ _CONFIG = cli.define_config_flag("pi05_demo")
 _CHECKPOINT = cli.define_checkpoint_dir_flag(
     "openpi checkpoint to start from (random init when absent) or to evaluate (--eval_only: the "
     "config's own when absent)."
+)
+_INIT_FROM = flags.DEFINE_string(
+    "init_from",
+    None,
+    "Checkpoint whose params training starts from, shapes checked against the config's model; unlike "
+    "--checkpoint_dir, norm stats come from the dataset (a trained model fine-tuned on a new task).",
 )
 _TOKENIZER = cli.define_tokenizer_path_flag()
 _PARAMS_DTYPE = cli.define_params_dtype_flag("float32")
@@ -167,7 +175,10 @@ def _train(cfg) -> None:
         cli.fail("training needs --run_dir (or --loss_on to evaluate the loss)")
     if _SYNTHETIC.value == bool(_DATASET.value):
         cli.fail("give exactly one of --dataset=DIR and --synthetic")
-    preflight.checkpoint(_CHECKPOINT.value)
+    if _CHECKPOINT.value and _INIT_FROM.value:
+        cli.fail("give at most one of --checkpoint_dir and --init_from")
+    start = _CHECKPOINT.value or _INIT_FROM.value
+    preflight.checkpoint(start)
     if _DATASET.value:
         preflight.extra("pyarrow", "train", "reading a LeRobot dataset (--dataset)")
         preflight.tokenizer_file(cfg.tokenizer_path)
@@ -176,9 +187,12 @@ def _train(cfg) -> None:
     model_config = config_lib.model_config(cfg)
 
     def init_params():
-        if _CHECKPOINT.value:
-            return load_params(model_config, _CHECKPOINT.value, dtype=cli.params_dtype_value(_PARAMS_DTYPE))
-        return pi05.init_params(model_config, jax.random.key(cfg.seed))
+        if not start:
+            return pi05.init_params(model_config, jax.random.key(cfg.seed))
+        try:
+            return load_params(model_config, start, dtype=cli.params_dtype_value(_PARAMS_DTYPE))
+        except checkpoints.CheckpointMismatchError as e:
+            cli.fail(f"{start} does not fit config {cfg.name!r}: {e}")
 
     norm_stats = _norm_stats(cfg)
     try:
