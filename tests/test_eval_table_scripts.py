@@ -110,3 +110,23 @@ def test_sweep_writes_every_run_and_the_plot(tmp_path):
         assert saved == row
     png = (tmp_path / "closed_loop.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
+
+def test_eval_table_runs_the_task_its_config_names(tmp_path):
+    """`--config=pi05_detour_moving` alone runs the moving detour task, with its own episode budget."""
+    run = _run(
+        "eval_table",
+        "--config=pi05_detour_moving",
+        "--execution=rtc",
+        "--delay_steps=2",
+        "--episodes=2",
+        f"--out={tmp_path}",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert (results["config"], results["task"], results["max_steps"]) == (
+        "pi05_detour_moving",
+        "detour_moving",
+        42,
+    )
+    assert results["rtc_method"] == "conditioned" and results["episodes"] == 2
