@@ -51,6 +51,7 @@ def evaluate(
     steps = np.asarray(latencies) * control_hz
     return {
         "config": config_name,
+        "task": "detour",  # the served loop runs the static detour task only (eval_table refuses others)
         "execution": execution,
         "delay_steps": math.ceil(float(np.median(steps)) - 1e-6) if len(steps) else None,
         "action_horizon": model.action_horizon,
