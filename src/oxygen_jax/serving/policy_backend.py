@@ -21,7 +21,9 @@ a server fault.
   reply carries `chunk_id`, `start` and `stale`; a bad `rtc` is a bad request of that robot only.
   `PolicyServerBackend` refuses `rtc` (it keeps no per-connection state).
 
-Both are `ready` (the server's `/readyz`) once `warmup` compiled every program, or once the first request
+Both trim a request as soon as the server decoded it (`trim_request`: keys the schema does not read keep
+only their names), so an unread array is not held while the request waits. Both are `ready` (the server's
+`/readyz`) once `warmup` compiled every program, or once the first request
 did; both keep Prometheus `metrics` (`serving/metrics.py`; `metrics=False`: none). `replica_id` (a replica
 of a fleet, `serving/ray_app.py`) joins the metadata each client receives on connect.
 """
@@ -76,6 +78,10 @@ class PolicyServerBackend:
         if self.metrics is not None:
             self.metrics.warmed_up()
 
+    def trim_request(self, request: dict) -> dict:
+        """What the server keeps of a decoded request (`RequestSchema.trimmed`)."""
+        return self._schema.trimmed(request)
+
     def infer(self, obs: dict) -> dict:
         request = self._schema.check(obs)
         with self._lock:
@@ -127,6 +133,10 @@ class SessionServerBackend:
         self._session.warmup(obs)
         if self.metrics is not None:
             self.metrics.warmed_up()
+
+    def trim_request(self, request: dict) -> dict:
+        """What the server keeps of a decoded request (`RequestSchema.trimmed`)."""
+        return self._session.schema.trimmed(request)
 
     async def infer_async(self, obs: dict) -> dict:
         client = asyncio.current_task()
