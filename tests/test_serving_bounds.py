@@ -124,6 +124,29 @@ def test_an_answered_request_leaves_none_of_its_bytes_held_until_the_next():
         tracemalloc.stop()
 
 
+class TrimmingBackend(StreamingBackend):
+    """The tripler that reads only `state` and notes what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def trim_request(self, request: dict) -> dict:
+        return {key: value if key == "state" else None for key, value in request.items()}
+
+    def infer(self, obs: dict) -> dict:
+        self.seen.append(obs)
+        return super().infer(obs)
+
+
+def test_a_backend_that_trims_is_handed_only_what_it_reads():
+    backend = TrimmingBackend()
+    with BackgroundServer(backend) as running, robot(running.port) as connection:
+        reply = ask(connection, {"state": STATE, "padding": np.zeros(2**20, np.uint8)})
+    np.testing.assert_array_equal(reply["actions"], STATE * 3)
+    assert [{**obs, "state": "sent"} for obs in backend.seen] == [{"state": "sent", "padding": None}]
+
+
 # --- the drain ends while robots keep sending ---
 
 

@@ -150,7 +150,8 @@ class RequestSchema:
         self.max_text_tasks = max_text_tasks
         self.rtc_refusal = rtc_refusal
         spec = policy.io.spec
-        self._read = _read_tree([(name,) for name in (*FIELD_NAMES, "prompt")] + [*spec.cameras, *spec.vectors])
+        top_level = [(name,) for name in (*FIELD_NAMES, "prompt")]
+        self._read = _read_tree([*top_level, *spec.cameras, *spec.vectors])
 
     def trimmed(self, request: dict[Any, Any]) -> dict[Any, Any]:
         """`request` without the values the server never reads: every other key keeps its name (so a bad

@@ -54,6 +54,11 @@ No client can stall or lock out the others (`ServerLimits`):
   then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
+A request is held once, and no longer than it is served: websockets' parser keeps no payload of the frame
+it parsed last, the raw message is dropped as soon as it is decoded, a backend with
+``trim_request(request)`` (`TrimmingBackend`) has what it does not read dropped right after decoding, and a
+served request is let go before the next one is read.
+
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
 ``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
