@@ -305,17 +305,21 @@ def probe(
     more: Callable[[dict[str, Any]], dict[str, Attack]] | None = None,
     progress: Callable | None = None,
     attacker_nice: int = 0,
+    only: str | None = None,
 ) -> ProbeReport:
     """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
-    `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other. The attacks run at
-    `attacker_nice` (this thread and those it starts, after the healthy robot's process has started), so on
-    a machine the three share, the attacker's own work can stand aside as if it ran elsewhere."""
+    `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other (with `only`, just
+    those whose name contains it). The attacks run at `attacker_nice` (this thread and those it starts,
+    after the healthy robot's process has started), so on a machine the three share, the attacker's own
+    work can stand aside as if it ran elsewhere."""
     base = valid_observation(spec)
     attacks: dict[str, Attack] = {
         name: request_attack(request) for name, request in hostile_requests(spec, base).items()
     }
     attacks |= faults(base)
     attacks |= more(base) if more else {}
+    if only is not None:
+        attacks = {name: attack for name, attack in attacks.items() if only in name}
     report = ProbeReport(outcomes={})
     headers = auth_headers(api_key)
     healthy = _HealthyRobot(url, headers, valid_observation(spec, seed=1), report)

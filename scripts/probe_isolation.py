@@ -2,6 +2,7 @@
 
   python scripts/probe_isolation.py --env=libero --out=benchmarks/results/cpu-2core
   python scripts/probe_isolation.py --server=localhost:8000 --env=libero --api_key=KEY  # already running
+  python scripts/probe_isolation.py --env=libero --only=pipelined  # just the attacks named so
 
 Without `--server`, starts `scripts/serve.py --config=pi05_tiny` (random init, language on, text tasks
 on, `--api_key`, its log to a file) on a free port, serves six robots at once a few times (so that
@@ -48,6 +49,9 @@ _API_KEY = flags.DEFINE_string("api_key", "probe-key", "API key of the server (t
 _SCALE = flags.DEFINE_float("scale", 1.0, "Size of the stall attacks (1: a 15 MB message).")
 _RECEIVE_TIMEOUT_S = flags.DEFINE_float("receive_timeout_s", 5.0, "The started server's receive deadline.")
 _DRAIN_TIMEOUT_S = flags.DEFINE_float("drain_timeout_s", 30.0, "The started server's drain deadline.")
+_ONLY = flags.DEFINE_string(
+    "only", None, "Run only the attacks whose name contains this (and SIGTERM under load if it matches)."
+)
 _ATTACKER_NICE = flags.DEFINE_integer(
     "attacker_nice", 10, "Niceness of the attacking threads (on a machine shared with the server they yield)."
 )
@@ -122,9 +126,10 @@ def main(_):
             more=more,
             progress=lambda names: tqdm(names, desc="hostile kinds", unit="kind"),
             attacker_nice=_ATTACKER_NICE.value,
+            only=_ONLY.value,
         )
         table = stall_attacks.stall_table(report, stalls, rss)
-        if server is not None:
+        if server is not None and (_ONLY.value is None or _ONLY.value in SHUTDOWN):
             shutdown = bound_attacks.kept_sending_at_shutdown(
                 url, headers, hostile_probe.valid_observation(spec), stop
             )
@@ -159,7 +164,7 @@ def main(_):
         }
         (out / "isolation.json").write_text(json.dumps(record, indent=1) + "\n")
     bad = [name for name, outcome in report.outcomes.items() if outcome.kind not in ACCEPTABLE]
-    if report.outcomes["no API key"].kind != "refused":
+    if "no API key" in report.outcomes and report.outcomes["no API key"].kind != "refused":
         bad.append("no API key")
     if bad or report.healthy_affected:
         affected = report.healthy_affected

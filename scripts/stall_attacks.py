@@ -186,10 +186,10 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     median = statistics.median(alone)
     before = [memory for t, memory in rss.samples if t < first] if rss else []
     baseline = before[-1] if before else None  # just before the first attack, after the warm-up
-    groups = {name: [report.windows[name]] for name in names}
-    groups[f"the {len(report.windows) - len(names)} earlier kinds"] = [
-        window for name, window in report.windows.items() if name not in names
-    ]
+    groups = {name: [report.windows[name]] for name in names if name in report.windows}
+    earlier = [window for name, window in report.windows.items() if name not in names]
+    if earlier:
+        groups[f"the {len(earlier)} earlier kinds"] = earlier
     rows = []
     for name, windows in groups.items():
         during = [

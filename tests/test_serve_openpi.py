@@ -115,11 +115,12 @@ def test_recording_a_one_request_backend_numbers_the_steps(tmp_path):
     with BackgroundServer(backend) as server:
         client = openpi_client(server.port)
         assert client.get_server_metadata() == policy.metadata
-        replies = [client.infer(raw_observation()) for _ in range(2)]
+        replies = [client.infer(raw_observation() | {"episode": 3}) for _ in range(2)]
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == ["step_0.npy", "step_1.npy"]
     for step, reply in enumerate(replies):
         record = np.load(tmp_path / "records" / f"step_{step}.npy", allow_pickle=True).item()
         assert record["inputs/prompt"] == raw_observation()["prompt"]
+        assert record["inputs/episode"] == 3  # a key the policy does not read: recorded as sent
         np.testing.assert_array_equal(record["outputs/actions"], reply["actions"])
 
 

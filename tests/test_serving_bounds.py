@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 import time
+import tracemalloc
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from conftest import OPENPI_CLIENT_WARNING, metric_samples, raw_observation, ser
 from test_serving_hardening import STATE, StreamingBackend, ask, robot
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from oxygen_jax.serving import msgpack_numpy
+from oxygen_jax.serving import msgpack_numpy, websocket_server
 from oxygen_jax.serving.flow_control import FailedKeys, ReadBudget
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.websocket_server import FRAME_CHARGE, BackgroundServer, ServerLimits
@@ -94,6 +95,56 @@ def test_a_robot_that_waits_for_its_replies_is_never_held_back_by_the_total():
         for _ in range(3):
             np.testing.assert_array_equal(ask(healthy, big)["actions"], STATE * 3)
         assert metric(running.port, "oxygen_pending_request_bytes") == 0
+
+
+def held_by_the_server(min_size: int) -> int:
+    """Bytes in blocks of at least `min_size` that the server's code allocated and still holds."""
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, websocket_server.__file__, all_frames=True)]
+    )
+    return sum(trace.size for trace in snapshot.traces if trace.size >= min_size)
+
+
+def test_an_answered_request_leaves_none_of_its_bytes_held_until_the_next():
+    """Once a request is answered, nothing of it stays while the next one is read: websockets' parser
+    kept its last frame, and the server the decoded request, until the next request was whole, so a
+    connection pipelining 15 MB requests held three of them."""
+    padding = np.zeros(2**21, np.uint8)
+    tracemalloc.start(40)
+    try:
+        with served() as running, robot(running.port) as connection:
+            np.testing.assert_array_equal(
+                ask(connection, {"state": STATE, "padding": padding})["actions"], STATE * 3
+            )
+            deadline = time.monotonic() + 2.0
+            while held_by_the_server(2**20) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert held_by_the_server(2**20) == 0
+    finally:
+        tracemalloc.stop()
+
+
+class TrimmingBackend(StreamingBackend):
+    """The tripler that reads only `state` and notes what it was handed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[dict] = []
+
+    def trim_request(self, request: dict) -> dict:
+        return {key: value if key == "state" else None for key, value in request.items()}
+
+    def infer(self, obs: dict) -> dict:
+        self.seen.append(obs)
+        return super().infer(obs)
+
+
+def test_a_backend_that_trims_is_handed_only_what_it_reads():
+    backend = TrimmingBackend()
+    with BackgroundServer(backend) as running, robot(running.port) as connection:
+        reply = ask(connection, {"state": STATE, "padding": np.zeros(2**20, np.uint8)})
+    np.testing.assert_array_equal(reply["actions"], STATE * 3)
+    assert [{**obs, "state": "sent"} for obs in backend.seen] == [{"state": "sent", "padding": None}]
 
 
 # --- the drain ends while robots keep sending ---

@@ -13,7 +13,7 @@ from conftest import make_policy, raw_observation
 from fake_engine import FakeEngine
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.policies import libero
+from oxygen_jax.policies import aloha, libero
 from oxygen_jax.policies.request_options import RequestOptions
 from oxygen_jax.robots.robot import Robot
 from oxygen_jax.serving.request_schema import FIELD_NAMES, FIELDS, RequestSchema, observation_fields
@@ -128,3 +128,31 @@ def test_the_schema_declares_every_field_and_the_docs_list_each(schema):
     section = DOCS.read_text().split("## Request schema", 1)[1].split("\n## ", 1)[0]
     for field in FIELDS:
         assert f"| `{field.name}` |" in section
+
+
+def test_a_trimmed_request_keeps_what_the_server_reads_and_only_the_names_of_the_rest(schema, policy):
+    """The server trims each request as soon as it is decoded: an extra 15 MB array is not held while the
+    request waits, and a request missing a key still says which keys it got."""
+    noise, junk = np.zeros((10, 32), np.float32), np.zeros(16, np.uint8)
+    request = raw_observation() | {"noise": noise, "robot_id": "arm-1", "junk": junk, b"bytes key": junk}
+    assert schema.trimmed(request) == raw_observation() | {
+        "noise": noise,
+        "robot_id": "arm-1",
+        "junk": None,
+        b"bytes key": None,
+    }
+    missing = dict(raw_observation(), wrist=junk)
+    del missing["observation/wrist_image"]
+    with pytest.raises(InvalidRequest, match=r"got keys .*'wrist'"):
+        policy.prepare(schema.check(schema.trimmed(missing)).obs)
+    nested = copy.copy(policy)
+    nested.io = dataclasses.replace(policy.io, spec=aloha.RAW_SPEC)
+    aloha_request = {"images": {"cam_high": junk, "extra": junk}, "state": junk, "prompt": "fold"}
+    trimmed = RequestSchema(nested).trimmed(aloha_request | {"actions": junk})
+    assert trimmed == {
+        "images": {"cam_high": junk, "extra": None},
+        "state": junk,
+        "prompt": "fold",
+        "actions": None,
+    }
+    assert RequestSchema(nested).trimmed({"images": "not a map"}) == {"images": "not a map"}

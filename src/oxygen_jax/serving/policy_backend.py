@@ -24,7 +24,9 @@ its reply continues the connection's last chunk; a bad `rtc` is a bad request of
   the language request a request starts, and `text_tasks` makes it one request per task (with robots that
   take them).
 
-Both are `ready` (the server's `/readyz`) once `warmup` compiled every program, or once the first request
+Both trim a request as soon as the server decoded it (`trim_request`: keys the schema does not read keep
+only their names), so an unread array is not held while the request waits. Both are `ready` (the server's
+`/readyz`) once `warmup` compiled every program, or once the first request
 did; both keep Prometheus `metrics` (`serving/metrics.py`; `metrics=False`: none). `replica_id` (a replica
 of a fleet, `serving/ray_app.py`) joins the metadata each client receives on connect.
 """
@@ -81,6 +83,10 @@ class PolicyServerBackend:
         self._ready = True
         if self.metrics is not None:
             self.metrics.warmed_up()
+
+    def trim_request(self, request: dict) -> dict:
+        """What the server keeps of a decoded request (`RequestSchema.trimmed`)."""
+        return self._schema.trimmed(request)
 
     async def infer_async(self, obs: dict) -> dict:
         client = _connected(asyncio.current_task(), self._clients, self._robots.pop)
@@ -141,6 +147,10 @@ class SessionServerBackend:
         self._session.warmup(obs)
         if self.metrics is not None:
             self.metrics.warmed_up()
+
+    def trim_request(self, request: dict) -> dict:
+        """What the server keeps of a decoded request (`RequestSchema.trimmed`)."""
+        return self._schema.trimmed(request)
 
     async def infer_async(self, obs: dict) -> dict:
         client = _connected(asyncio.current_task(), self._clients, self._session.end)

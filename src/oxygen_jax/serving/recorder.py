@@ -24,6 +24,8 @@ DEFAULT_RECORD_DIR = "policy_records"
 class RecordingBackend:
     """Wraps a server backend (one with `infer`); every other attribute is the wrapped backend's."""
 
+    trim_request = None  # the server keeps every key: the record holds the request as the client sent it
+
     def __init__(self, backend: Any, record_dir: str | pathlib.Path) -> None:
         self._backend = backend
         self._record_dir = pathlib.Path(record_dir)

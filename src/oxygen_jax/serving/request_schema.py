@@ -149,6 +149,16 @@ class RequestSchema:
     def __init__(self, policy: Policy, *, rtc_refusal: str | None = None):
         self.policy = policy
         self.rtc_refusal = rtc_refusal
+        spec = policy.io.spec
+        top_level = [(name,) for name in (*FIELD_NAMES, "prompt")]
+        self._read = _read_tree([*top_level, *spec.cameras, *spec.vectors])
+
+    def trimmed(self, request: dict[Any, Any]) -> dict[Any, Any]:
+        """`request` without the values the server never reads: every other key keeps its name (so a bad
+        request can still say which keys it got) with None for its value. The server trims a request as
+        soon as it is decoded, so that an unread array (an extra 15 MB key) is not held while the request
+        waits and is served."""
+        return _trimmed(request, self._read)
 
     def check(self, request: Mapping[str, Any]) -> CheckedRequest:
         """The request split into its observation and fields, the server's fields checked in `FIELDS`
@@ -168,3 +178,29 @@ class RequestSchema:
         if self.rtc_refusal is not None:
             raise InvalidRequest(self.rtc_refusal)
         chunks.check_entry(entry, self.policy.engine.config.action_horizon)
+
+
+# What the server reads of a request: key -> True (all of its value) or the same for the map it holds.
+ReadTree = dict[str, "ReadTree | bool"]
+
+
+def _read_tree(paths: list[tuple[str, ...]]) -> ReadTree:
+    tree: ReadTree = {}
+    for path in paths:
+        level = tree
+        for key in path[:-1]:
+            level = level.setdefault(key, {})  # type: ignore[assignment]
+        level[path[-1]] = True
+    return tree
+
+
+def _trimmed(value: Any, read: ReadTree) -> Any:
+    """`value` with None for what `read` does not name; a value that is not a map where `read` expects
+    one stays as it is, for the check to refuse."""
+    if not isinstance(value, dict):
+        return value
+    kept = {}
+    for key, item in value.items():
+        below = read.get(key) if isinstance(key, str) else None
+        kept[key] = item if below is True else None if below is None else _trimmed(item, below)
+    return kept

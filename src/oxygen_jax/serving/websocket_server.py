@@ -54,6 +54,11 @@ No client can stall or lock out the others (`ServerLimits`):
   then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
+A request is held once, and no longer than it is served: websockets' parser keeps no payload of the frame
+it parsed last, the raw message is dropped as soon as it is decoded, a backend with
+``trim_request(request)`` (`TrimmingBackend`) has what it does not read dropped right after decoding, and a
+served request is let go before the next one is read.
+
 Each connection handles its requests in order, but connections are served concurrently, so requests from
 different clients reach the backend at the same time and a batching backend can group them. A backend with
 ``async def infer_async(obs)`` is awaited on the event loop; otherwise ``infer`` runs on a pool of
@@ -103,6 +108,13 @@ class PolicyBackend(Protocol):
     def metadata(self) -> dict: ...
 
     def infer(self, obs: dict) -> dict: ...
+
+
+class TrimmingBackend(PolicyBackend, Protocol):
+    """A backend that says what it reads of a request: the server trims each request as soon as it is
+    decoded, so what the backend never reads (an extra 15 MB array) is not held while it is served."""
+
+    def trim_request(self, request: dict) -> dict: ...
 
 
 class AsyncPolicyBackend(PolicyBackend, Protocol):
@@ -364,6 +376,11 @@ class _Connection(ServerConnection):
         super().data_received(data)
 
     def process_event(self, event: object) -> None:
+        if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
+            # websockets' parser keeps the frame it parsed last until the next one is whole: it keeps the
+            # frame's header, while the handler gets a frame of its own with the payload.
+            payload, event.data = event.data, b""
+            event = dataclasses.replace(event, data=payload)
         super().process_event(event)
         if not isinstance(event, Frame):
             return
@@ -413,6 +430,7 @@ class _ConnectionHandler:
     ) -> None:
         self._backend = backend
         self._infer = infer
+        self._trim: Callable[[dict], dict] | None = getattr(backend, "trim_request", None)
         self._limits = limits
         self._slots: dict[ServerConnection, str] = {}  # connection -> ROBOT or TEXT, from admission on
         self._per_ip: collections.Counter[str] = collections.Counter()
@@ -616,9 +634,10 @@ class _ConnectionHandler:
                         await websocket.send(detail + " (request not served)")
                         await asyncio.sleep(bucket.wait_s())  # nothing more is read meanwhile
                         continue
-                    request = _decoded(message)
+                    request = _decoded(message, self._trim)
                     del message  # the raw bytes are not held while the request is served
                     prev_total_ms = await self._serve_request(websocket, request, prev_total_ms, bucket)
+                    del request  # nor the request while the next one is read
                 finally:
                     websocket.answered(size)
         finally:
@@ -819,12 +838,13 @@ class _ConnectionHandler:
         return msgpack_numpy.packb(reply)
 
 
-def _decoded(message: str | bytes) -> dict | BadRequestError:
-    """The request a message holds, or why it holds none."""
+def _decoded(message: str | bytes, trim: Callable[[dict], dict] | None) -> dict | BadRequestError:
+    """The request a message holds (trimmed by `trim`, if there is one), or why it holds none."""
     try:
-        return decode_request(message)
+        request = decode_request(message)
     except BadRequestError as error:
         return error
+    return request if trim is None else trim(request)
 
 
 def _bytes(mb: float | None) -> int | None:
