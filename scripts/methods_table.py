@@ -20,8 +20,8 @@ _RESULTS = flags.DEFINE_string("results", "benchmarks/results", "Folder of the r
 _PLOT = flags.DEFINE_string("plot", None, "PNG to write (success and switch jump per method and column).")
 
 CPU = "cpu-2core"
-MODELS = {"wide": "pi05_detour_wide", "prefix": "pi05_detour_prefix"}
-RTC_METHOD = {"wide": "guided", "prefix": "conditioned"}
+MODELS = {"wide": "pi05_detour_wide", "prefix": "pi05_detour_prefix", "moving": "pi05_detour_moving"}
+RTC_METHOD = {"wide": "guided", "prefix": "conditioned", "moving": "conditioned"}
 # (latency jitter, d): d = H/2 before H/4, the exact delay before the wandering one.
 COLUMNS = (("none", 5), ("uniform", 5), ("none", 2), ("uniform", 2))
 EXECUTION_HORIZON = 6
@@ -35,25 +35,25 @@ class Row(NamedTuple):
     samples: int  # chunks a fresh request draws (bid: every request)
 
 
+METHODS = (("sync", 1), ("sync", 8), ("naive", 1), ("naive", 8), ("rtc", 1), ("rtc", 8), ("bid", 8))
 ROWS = tuple(
-    Row("static", model, execution, samples)
-    for model in ("wide", "prefix")
-    for execution, samples in (
-        ("sync", 1),
-        ("sync", 8),
-        ("naive", 1),
-        ("naive", 8),
-        ("rtc", 1),
-        ("rtc", 8),
-        ("bid", 8),
-    )
+    Row("static", model, execution, samples) for model in ("wide", "prefix") for execution, samples in METHODS
 )
+ROWS += tuple(Row("moving", "moving", execution, samples) for execution, samples in METHODS)
+TASKS = ("static", "moving")
 
 
 def cell_dir(results: pathlib.Path, row: Row, jitter: str, d: int) -> pathlib.Path:
     """The recorded run of a cell: with an exact delay, the 1000-episode runs the closed_loop*/ folders
-    already hold; otherwise methods/ (1000 episodes), or methods/e_200/ where that is all there is."""
+    already hold; otherwise methods/ (1000 episodes), or methods/e_200/ where that is all there is. The
+    moving task's cells are closed_loop_moving/'s (200 episodes; its run.sh and run_methods.sh)."""
     cpu = results / CPU
+    if row.task == "moving":
+        uniform = "" if jitter == "none" else f"_{jitter}"
+        if row.execution == "bid":
+            return cpu / "closed_loop_moving" / f"bid_d{d}{uniform}"
+        samples = "" if row.samples == 8 else f"_s{row.samples}"  # 8: the config's, what run.sh ran
+        return cpu / "closed_loop_moving" / f"{row.execution}{samples}_d{d}{uniform}"
     if jitter == "none" and row.execution != "bid":
         name = f"{row.execution}_d{d}_e{EXECUTION_HORIZON}"
         if row.model == "prefix":
@@ -69,7 +69,7 @@ def sync_dir(results: pathlib.Path, row: Row, jitter: str, d: int, episodes: int
     """The one-sample sync run a cell's ratios divide by: over the same episodes (a 200-episode cell with an
     exact delay against the first 200 episodes, the closed_loop_*/ sweep's)."""
     sync = Row(row.task, row.model, "sync", 1)
-    if episodes == 1000:
+    if episodes == 1000 or row.task == "moving":
         return cell_dir(results, sync, jitter, d)
     if jitter == "none":
         return results / CPU / f"closed_loop_{row.model}" / f"sync_d{d}"
@@ -148,14 +148,18 @@ def cell_text(results: dict[str, Any], sync: dict[str, Any]) -> str:
     jump = results["switch_jump_mean"]
     if results["execution"] == "sync" and results.get("fresh_samples") in (1, None):
         jump_text = "none" if jump is None else f"{jump:.3f}"
-        return f"{results['success_rate']:.3f} / {results['mean_steps']:.1f} / {jump_text}"
-    steps = results["mean_steps"] / sync["mean_steps"]
+        steps = "none" if results["mean_steps"] is None else f"{results['mean_steps']:.1f}"
+        return f"{results['success_rate']:.3f} / {steps} / {jump_text}"
+    if results["mean_steps"] is None or sync["mean_steps"] is None:  # no success to count the steps of
+        steps = "none"
+    else:
+        steps = f"{results['mean_steps'] / sync['mean_steps']:.2f}x"
     jump_text = (
         "none"
         if jump is None or sync["switch_jump_mean"] is None
         else f"{jump / sync['switch_jump_mean']:.2f}x"
     )
-    return f"{results['success_rate']:.3f} / {steps:.2f}x / {jump_text}"
+    return f"{results['success_rate']:.3f} / {steps} / {jump_text}"
 
 
 def table(results: pathlib.Path) -> tuple[str, dict[tuple[Row, str, int], dict[str, Any]]]:
@@ -195,19 +199,25 @@ def table(results: pathlib.Path) -> tuple[str, dict[tuple[Row, str, int], dict[s
 
 
 def plot(cells: dict[tuple[Row, str, int], dict[str, Any]], path: pathlib.Path) -> None:
-    figure, axes = plt.subplots(2, len(COLUMNS), figsize=(5 * len(COLUMNS), 8), sharey="row")
-    labels = [f"{r.model} {r.execution} x{r.samples}" for r in ROWS]
+    """Success and mean switch jump per method, a pair of rows per task (the static task's success is
+    drawn from 0.8, where its methods differ; the moving task's from 0)."""
+    figure, axes = plt.subplots(2 * len(TASKS), len(COLUMNS), figsize=(5 * len(COLUMNS), 7 * len(TASKS)))
     colours = {"sync": "tab:blue", "naive": "tab:orange", "rtc": "tab:green", "bid": "tab:purple"}
-    for column, (jitter, d) in enumerate(COLUMNS):
-        success = [cells[(r, jitter, d)]["success_rate"] for r in ROWS]
-        jumps = [cells[(r, jitter, d)]["switch_jump_mean"] or 0.0 for r in ROWS]
-        colour = [colours[r.execution] for r in ROWS]
-        axes[0, column].barh(labels, success, color=colour)
-        axes[0, column].set_xlim(0.8, 1.0)
-        axes[0, column].set_title(f"d = {d}, {'exact' if jitter == 'none' else 'uniform +-50 %'}")
-        axes[0, column].set_xlabel("success")
-        axes[1, column].barh(labels, jumps, color=colour)
-        axes[1, column].set_xlabel("mean switch jump (table units)")
+    for index, task in enumerate(TASKS):
+        rows = [r for r in ROWS if r.task == task]
+        labels = [f"{r.model} {r.execution} x{r.samples}" for r in rows]
+        colour = [colours[r.execution] for r in rows]
+        for column, (jitter, d) in enumerate(COLUMNS):
+            success_axis, jump_axis = axes[2 * index, column], axes[2 * index + 1, column]
+            success_axis.barh(labels, [cells[(r, jitter, d)]["success_rate"] for r in rows], color=colour)
+            success_axis.set_xlim(0.8 if task == "static" else 0.0, 1.0)
+            success_axis.set_title(
+                f"{task} task, d = {d}, {'exact' if jitter == 'none' else 'uniform +-50 %'}"
+            )
+            success_axis.set_xlabel("success")
+            jumps = [cells[(r, jitter, d)]["switch_jump_mean"] or 0.0 for r in rows]
+            jump_axis.barh(labels, jumps, color=colour)
+            jump_axis.set_xlabel("mean switch jump (table units)")
     for axis in axes.flat:
         axis.invert_yaxis()
         axis.tick_params(axis="y", labelsize=8)

@@ -6,14 +6,31 @@ import json
 import pytest
 from conftest import OPENPI_CLIENT_WARNING, run_script, serve_script
 
-from oxygen_jax.table_task import closed_loop
+from oxygen_jax.client import protocol
+from oxygen_jax.table_task import closed_loop, served_loop
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
+pytestmark = [pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 pytest.importorskip("openpi_client.websocket_client_policy")
 
 
+def test_requests_that_continue_no_chunk_ask_for_the_fresh_samples():
+    """As the simulated loop draws `fresh_samples` for a request without `rtc` and one chunk for one with it,
+    the served loop asks the server for them (`samples`)."""
+    sent = []
+    infer = served_loop.with_samples(lambda obs: sent.append(obs) or {}, 8)
+    infer({"state": 1})
+    infer({"state": 2, protocol.RTC: {"executed": 1}})
+    assert sent == [{"state": 1, "samples": 8}, {"state": 2, protocol.RTC: {"executed": 1}}]
+    one = served_loop.with_samples(lambda obs: sent.append(obs) or {}, 1)
+    one({"state": 3})
+    assert sent[-1] == {"state": 3}
+
+
+@pytest.mark.integration
 def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(tmp_path):
-    with serve_script(tmp_path, model=("--config=pi05_detour", "--params_dtype=float32"), golden=False) as (
+    with serve_script(
+        tmp_path, model=("--config=pi05_detour", "--params_dtype=float32", "--max_samples=4"), golden=False
+    ) as (
         _,
         port,
     ):
@@ -25,6 +42,7 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
             "--execution=rtc",
             "--episodes=3",
             "--control_hz=10",
+            "--fresh_samples=4",  # each episode's first request draws 4 chunks on the server
             f"--out={tmp_path / 'served'}",
         )
     assert served.returncode == 0, served.stderr[-3000:]
@@ -37,6 +55,7 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
 
     assert set(simulated_results) <= set(served_results)
     assert served_results["episodes"] == 3 and served_results["control_hz"] == 10
+    assert served_results["fresh_samples"] == 4
     # Every episode ended (reached the cube, hit the block or ran out of steps), and the model, whose
     # recorded success is 0.94 without latency, reached the cube in some.
     assert served_results["success_rate"] > 0
@@ -51,6 +70,7 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
     assert served_results["latency_steps_p50"] <= served_results["latency_steps_max"]
 
 
+@pytest.mark.integration
 def test_served_loop_refuses_a_fixed_delay(tmp_path):
     result = run_script(
         "eval_table", "--policy=remote", "--port=1", "--delay_steps=2", f"--out={tmp_path}", timeout_s=120

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import tqdm
 
-from oxygen_jax.client import simulated
+from oxygen_jax.client import protocol, simulated
 from oxygen_jax.client.executor import Executor, ExecutorConfig, MonotonicClock, ThreadedRequests
 from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.robots import trial
@@ -30,12 +30,16 @@ def evaluate(
     seed: int,
     execution_horizon: int,
     control_hz: float,
+    fresh_samples: int = 1,
     max_steps: int = closed_loop.MAX_STEPS,
 ) -> dict[str, Any]:
     """`episodes` held-out scenes (those `closed_loop.evaluate` runs for `seed`) driven by `infer` (openpi's
     `WebsocketClientPolicy.infer` on the server of `model`, the config's `Pi05Config`) in real time;
     results.json's fields, with the measured latencies in control steps. `delay_steps` is their median,
-    rounded up: the d to run the simulated loop at for comparison."""
+    rounded up: the d to run the simulated loop at for comparison. fresh_samples: the chunks a request
+    that continues no chunk asks the server for (`samples`; the densest is kept), as the simulated loop's
+    requests draw them."""
+    infer = with_samples(infer, fresh_samples)
     requests = ThreadedRequests(infer)  # one thread for every episode: one request at a time on the socket
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     # A server that is still compiling answers its first request late: that wait is not an episode's.
@@ -60,13 +64,23 @@ def evaluate(
         "seed": seed,
         "max_steps": max_steps,
         "rtc_method": rtc_defaults.method(model.max_clean_prefix),
-        **trial.ONE_SAMPLE.fields(),  # the server's shared batches draw one chunk per request
+        **trial.GuidanceSettings(fresh_samples=fresh_samples).fields(),  # the rest are the server's
         "latency_jitter": "measured",
         "delay_estimate": None,  # the executor's: the longest of its last 3 latencies, rounded up
         **closed_loop.summarize(runs),
         "control_hz": control_hz,
         **latency_fields(steps),
     }
+
+
+def with_samples(
+    infer: Callable[[dict], Mapping[str, Any]], samples: int
+) -> Callable[[dict], Mapping[str, Any]]:
+    """`infer` whose requests without `rtc` ask for `samples` chunks (a request with `rtc` continues the
+    robot's chunk and draws one)."""
+    if samples == 1:
+        return infer
+    return lambda obs: infer(obs if protocol.RTC in obs else {**obs, "samples": samples})
 
 
 def latency_fields(steps: np.ndarray) -> dict[str, Any]:

@@ -150,6 +150,8 @@ def _main_served() -> None:
         seed=_SEED.value,
         execution_horizon=execution_horizon,
         control_hz=_CONTROL_HZ.value,
+        fresh_samples=trial.GuidanceSettings(*_GUIDANCE.values()).fresh_samples
+        or rtc_defaults.metadata(cfg)["rtc_samples"],
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")
