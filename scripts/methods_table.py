@@ -46,7 +46,7 @@ TASKS = ("static", "moving")
 def cell_dir(results: pathlib.Path, row: Row, jitter: str, d: int) -> pathlib.Path:
     """The recorded run of a cell: with an exact delay, the 1000-episode runs the closed_loop*/ folders
     already hold; otherwise methods/ (1000 episodes), or methods/e_200/ where that is all there is. The
-    moving task's cells are closed_loop_moving/'s (200 episodes; its run.sh and run_methods.sh)."""
+    moving task's cells are closed_loop_moving/'s (200 episodes; its run.sh)."""
     cpu = results / CPU
     if row.task == "moving":
         uniform = "" if jitter == "none" else f"_{jitter}"

@@ -14,6 +14,7 @@ from oxygen_jax.client import protocol
 from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.policies.request_options import RequestOptions
+from oxygen_jax.robots.chunks import RobotChunks
 from oxygen_jax.robots.robot import Robot, Turn
 
 
@@ -52,8 +53,8 @@ class LocalRobot:
         return self.robot.policy.metadata
 
     @property
-    def chunks(self):
-        """The robot's real-time-chunking state (`RobotChunks`)."""
+    def chunks(self) -> RobotChunks:
+        """The robot's real-time-chunking state."""
         return self.robot.chunks
 
     def infer(self, obs: Mapping[str, Any], **options: Any) -> dict[str, Any]:
