@@ -14,9 +14,10 @@ import numpy as np
 import tqdm
 from absl import flags
 
+from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.table_task import detour
 from oxygen_jax.tools import cli
 
 _EPISODES = flags.DEFINE_integer("episodes", 40, "Scenes per model and scene set.", lower_bound=1)

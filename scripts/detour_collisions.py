@@ -19,9 +19,10 @@ import tqdm
 from absl import flags
 
 from oxygen_jax.client import simulated
+from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.table_task import detour
 from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(

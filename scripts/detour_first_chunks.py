@@ -29,8 +29,9 @@ import numpy as np
 from absl import flags
 
 from oxygen_jax import config
+from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.table_task import detour
 from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string("config", None, "Config of the detour model.", required=True)

@@ -12,7 +12,8 @@ import numpy as np
 from absl import app, flags
 from openpi_client import websocket_client_policy
 
-from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.evaluation import closed_loop
+from oxygen_jax.table_task import detour
 
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "The server's host.")
 _PORT = flags.DEFINE_integer("port", 8000, "The server's port.")

@@ -12,8 +12,8 @@ from absl import flags
 
 from oxygen_jax import config
 from oxygen_jax.client import simulated
+from oxygen_jax.evaluation import closed_loop, closed_loop_sweep
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep
 from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(

@@ -14,8 +14,9 @@ import pytest
 from conftest import SCRIPTS
 
 from oxygen_jax.client import protocol, simulated
+from oxygen_jax.evaluation import closed_loop, closed_loop_sweep
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep, detour, detour_dataset
+from oxygen_jax.table_task import detour, detour_dataset
 
 H = 10
 E = simulated.default_execution_horizon(H)

@@ -13,7 +13,8 @@ from conftest import SCRIPTS
 from oxygen_jax import config
 from oxygen_jax.client import protocol
 from oxygen_jax.client.executor import SimClock
-from oxygen_jax.table_task import closed_loop, detour, moving_detour
+from oxygen_jax.evaluation import closed_loop
+from oxygen_jax.table_task import detour, moving_detour
 
 H = 10
 E = 6

@@ -7,7 +7,7 @@ import pytest
 from conftest import OPENPI_CLIENT_WARNING, run_script, serve_script
 
 from oxygen_jax.client import protocol
-from oxygen_jax.table_task import closed_loop, served_loop
+from oxygen_jax.evaluation import closed_loop, served_loop
 
 pytestmark = [pytest.mark.timeout(600), OPENPI_CLIENT_WARNING]
 pytest.importorskip("openpi_client.websocket_client_policy")

@@ -37,7 +37,7 @@ def test_the_modules_that_plot_import_without_matplotlib(tmp_path):
     modules = (
         "oxygen_jax.training.loop",
         "oxygen_jax.benchmarks.plots",
-        "oxygen_jax.table_task.closed_loop_sweep",
+        "oxygen_jax.evaluation.closed_loop_sweep",
         "oxygen_jax.tools.benchmark",
     )
     run = _without_matplotlib(tmp_path, "-c", "; ".join(f"import {m}" for m in modules) + "; print('ok')")

@@ -35,9 +35,9 @@ from absl import app, flags
 
 from oxygen_jax import config, preflight
 from oxygen_jax.client import latency, simulated
+from oxygen_jax.evaluation import closed_loop, closed_loop_sweep, served_loop
 from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, closed_loop_sweep, served_loop
 from oxygen_jax.tools import cli
 
 _CONFIG = flags.DEFINE_string(

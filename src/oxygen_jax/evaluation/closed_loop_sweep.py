@@ -8,9 +8,9 @@ from typing import Any
 
 from oxygen_jax import plotting
 from oxygen_jax.client import MODES
+from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop
 
 _PANELS = (
     ("success_rate", "success rate"),

@@ -13,9 +13,10 @@ import tqdm
 
 from oxygen_jax.client import protocol, simulated
 from oxygen_jax.client.executor import Executor, ExecutorConfig, MonotonicClock, ThreadedRequests
+from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.policies import rtc_defaults
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import closed_loop, detour
+from oxygen_jax.table_task import detour
 
 _QUANTILES = (0.1, 0.5, 0.9)
 
