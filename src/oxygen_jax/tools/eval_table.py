@@ -30,6 +30,7 @@ Default config: pi05_detour, the detour task's shipped model (docs/cli.md).
 """
 
 import pathlib
+from typing import Any
 
 from absl import app, flags
 
@@ -105,7 +106,7 @@ def main(_):
     guidance.check(cfg.model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
     latencies = latency.LatencySettings(_JITTER.value, _DELAY_ESTIMATE.value)
     latencies.check(horizon)
-    samples = guidance.fresh_samples or rtc_defaults.metadata(cfg)["rtc_samples"]
+    samples = _fresh_samples(guidance, cfg)
     if _EXECUTION.value == "bid" and samples < 2:
         cli.fail(f"--execution=bid needs --fresh_samples >= 2 (the config's is {samples})")
     preflight.model(cfg, _CHECKPOINT.value, None)
@@ -150,11 +151,15 @@ def _main_served() -> None:
         seed=_SEED.value,
         execution_horizon=execution_horizon,
         control_hz=_CONTROL_HZ.value,
-        fresh_samples=trial.GuidanceSettings(*_GUIDANCE.values()).fresh_samples
-        or rtc_defaults.metadata(cfg)["rtc_samples"],
+        fresh_samples=_fresh_samples(trial.GuidanceSettings(*_GUIDANCE.values()), cfg),
     )
     path = closed_loop_sweep.write_results(results, pathlib.Path(_OUT.value))
     print(f"wrote {path}")
+
+
+def _fresh_samples(guidance: trial.GuidanceSettings, cfg: Any) -> int:
+    """The chunks a request that continues none draws: --fresh_samples, else the config's `rtc.samples`."""
+    return guidance.fresh_samples or rtc_defaults.metadata(cfg)["rtc_samples"]
 
 
 def run() -> None:
