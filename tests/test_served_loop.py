@@ -68,6 +68,12 @@ def test_served_episodes_end_and_report_the_simulated_fields_and_the_latencies(t
     assert served_results["delay_steps"] >= 1  # a real reply takes at least part of a tick
     assert served_results["latency_steps_p10"] <= served_results["latency_steps_p50"]
     assert served_results["latency_steps_p50"] <= served_results["latency_steps_max"]
+    # Each episode's first request (no chunk to continue: 4 samples) is measured apart, one per episode.
+    assert served_results["fresh_latency_replies"] == 3
+    assert 0 < served_results["fresh_latency_steps_p50"] <= served_results["fresh_latency_steps_max"]
+    # The same replies counted in control ticks, what `--latency_jitter=served` replays.
+    assert sum(served_results["fresh_latency_ticks_histogram"].values()) == 3
+    assert sum(served_results["latency_ticks_histogram"].values()) == served_results["latency_replies"]
 
 
 @pytest.mark.integration

@@ -132,6 +132,7 @@ class ExecutorStats:
     requests: int = 0
     stale_replies: int = 0
     latencies_s: list[float] = dataclasses.field(default_factory=list)
+    latency_ticks: list[int] = dataclasses.field(default_factory=list)  # ticks from request to its reply
     switches: list[Switch] = dataclasses.field(default_factory=list)
 
 
@@ -139,6 +140,7 @@ class ExecutorStats:
 class _InFlight:
     pending: Pending
     sent_at: float
+    sent_tick: int
     executed_since: int = 0  # actions executed since the observation was taken
     reply: protocol.ChunkReply | None = None
 
@@ -199,6 +201,12 @@ class Executor:
         self._next_tick = max((self._next_tick or now) + period, now)
         self.clock.sleep_until(self._next_tick)
 
+    def wait_in_flight(self) -> None:
+        """Blocks until the request in flight, if any, is answered (its reply unused): at the end of an
+        episode, so that the next one's first request does not queue behind it."""
+        if self._in_flight is not None:
+            self._in_flight.pending.result()
+
     def _wants_next_chunk(self) -> bool:
         return self._chunk is None or len(self._chunk.actions) - self._index <= self.config.execution_horizon
 
@@ -220,7 +228,7 @@ class Executor:
                     chunk_id=self._chunk.chunk_id,
                 ),
             }
-        self._in_flight = _InFlight(self.requests.submit(obs), self.clock.now())
+        self._in_flight = _InFlight(self.requests.submit(obs), self.clock.now(), self.stats.ticks)
         self.stats.requests += 1
 
     def _delay_steps(self) -> int:
@@ -240,6 +248,7 @@ class Executor:
                 return
             flight.reply = protocol.ChunkReply.from_reply(flight.pending.result())
             self.stats.latencies_s.append(self.clock.now() - flight.sent_at)
+            self.stats.latency_ticks.append(self.stats.ticks - flight.sent_tick)
         if flight.reply.stale:
             self.stats.stale_replies += 1
             self._in_flight = None

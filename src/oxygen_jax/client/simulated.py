@@ -36,8 +36,8 @@ class _Delivered:
 class DelayedRequests:
     """Answers each observation at once (the clock stands still) and hands the reply to the robot after
     `delay_steps` more actions: the observation is taken before tick k's action, the reply is there at
-    tick k + delay_steps. latency_steps: draws each request's latency in control steps instead (a
-    fraction: the reply is there at the first tick after it; `client/latency.py`)."""
+    tick k + delay_steps. latency_steps: draws each request's latency in control steps from the request
+    instead (a fraction: the reply is there at the first tick after it; `client/latency.py`)."""
 
     def __init__(
         self,
@@ -45,13 +45,13 @@ class DelayedRequests:
         clock: SimClock,
         delay_steps: int,
         control_hz: float,
-        latency_steps: Callable[[], float] | None = None,
+        latency_steps: Callable[[Mapping[str, Any]], float] | None = None,
     ):
         self._infer, self._clock, self._control_hz = infer, clock, control_hz
-        self._latency_steps = latency_steps or (lambda: float(delay_steps))
+        self._latency_steps = latency_steps or (lambda _: float(delay_steps))
 
     def submit(self, obs: dict) -> _Delivered:
-        latency_s = self._latency_steps() / self._control_hz
+        latency_s = self._latency_steps(obs) / self._control_hz
         return _Delivered(self._clock, self._clock.now() + latency_s, self._infer(obs))
 
 
@@ -87,16 +87,16 @@ def run(
     control_hz: float,
     max_ticks: int,
     prefix_horizon: int | None = None,
-    latency_steps: Callable[[], float] | None = None,
+    latency_steps: Callable[[Mapping[str, Any]], float] | None = None,
     delay_estimate: int | None = None,
     clock: SimClock | None = None,
 ) -> Motion:
     """One episode: `Executor` in mode `execution` on a simulated clock (`clock`, or a new one: pass one
     to a world that moves with time) until the robot is done or `max_ticks` have run. `infer` keeps the
     robot's last chunk (a fresh `LocalRobot.infer` per episode). latency_steps: draws each request's
-    latency (default: `delay_steps` every time); delay_estimate: the d the robot sends with `rtc`
-    (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy behind `infer` is what
-    differs (`robots/bid_robot.py`)."""
+    latency from the request (default: `delay_steps` every time); delay_estimate: the d the robot sends
+    with `rtc` (default: `delay_steps`). `bid` runs the robot as `rtc` does: the policy behind `infer` is
+    what differs (`robots/bid_robot.py`)."""
     clock = clock or SimClock()
     config = ExecutorConfig(
         control_hz=control_hz,

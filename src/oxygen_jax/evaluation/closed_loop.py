@@ -99,7 +99,7 @@ def run_episode(
     execution_horizon: int,
     max_steps: int = MAX_STEPS,
     prefix_horizon: int | None = None,
-    latency_steps: Callable[[], float] | None = None,
+    latency_steps: Callable[[Mapping[str, Any]], float] | None = None,
     delay_estimate: int | None = None,
 ) -> Episode:
     """One episode of `infer` (a fresh `LocalRobot.infer` per episode: it keeps the robot's last chunk);
@@ -201,7 +201,7 @@ def evaluate(
                 execution_horizon=execution_horizon,
                 max_steps=max_steps,
                 prefix_horizon=guidance.prefix_horizon,
-                latency_steps=lambda rng=latency_rng: latency.draw(latencies.jitter, delay_steps, rng),
+                latency_steps=latencies.drawer(delay_steps, latency_rng),
                 delay_estimate=latencies.delay_estimate,
             )
         )

@@ -5,7 +5,7 @@ background thread; the delay d is whatever the server's latency is at that rate,
 """
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,14 +45,21 @@ def evaluate(
     stream = detour.scenes(detour.HELD_OUT_SEED + seed)
     # A server that is still compiling answers its first request late: that wait is not an episode's.
     infer(closed_loop.DetourWorld(next(detour.scenes(detour.HELD_OUT_SEED + seed))).observe())
-    runs, latencies = [], []
+    runs, latencies, fresh, ticks, fresh_ticks = [], [], [], [], []
     for _ in tqdm.trange(episodes, desc=f"served {execution} at {control_hz:g} Hz", unit="episode"):
         world = closed_loop.DetourWorld(next(stream))
         config = ExecutorConfig(control_hz=control_hz, execution_horizon=execution_horizon, mode=execution)
         executor = Executor(config, world, requests=requests, clock=MonotonicClock())
         runs.append(closed_loop.episode(world, simulated.drive(world, executor, max_steps)))
-        # An episode's first reply may wait behind the last one's request: its latency is left out.
-        latencies += executor.stats.latencies_s[1:]
+        executor.wait_in_flight()  # the next episode starts with the socket free, as a simulated one does
+        # With rtc an episode's first request continues no chunk and draws the fresh samples: its latency
+        # is left out of d and measured apart. With sync and naive every request is such a one.
+        stats = executor.stats
+        continuing, first = (slice(1, None), slice(0, 1)) if execution == "rtc" else (slice(None),) * 2
+        latencies += stats.latencies_s[continuing]
+        ticks += stats.latency_ticks[continuing]
+        fresh += stats.latencies_s[first]
+        fresh_ticks += stats.latency_ticks[first]
     steps = np.asarray(latencies) * control_hz
     return {
         "config": config_name,
@@ -68,9 +75,14 @@ def evaluate(
         **trial.GuidanceSettings(fresh_samples=fresh_samples).fields(),  # the rest are the server's
         "latency_jitter": "measured",
         "delay_estimate": None,  # the executor's: the longest of its last 3 latencies, rounded up
+        "fresh_delay_steps": None,  # measured: fresh_latency_*
+        "latencies_from": None,
         **closed_loop.summarize(runs),
         "control_hz": control_hz,
         **latency_fields(steps),
+        "latency_ticks_histogram": _histogram(ticks),
+        **latency_fields(np.asarray(fresh) * control_hz, prefix="fresh_latency"),
+        "fresh_latency_ticks_histogram": _histogram(fresh_ticks),
     }
 
 
@@ -84,17 +96,22 @@ def with_samples(
     return lambda obs: infer(obs if protocol.RTC in obs else {**obs, "samples": samples})
 
 
-def latency_fields(steps: np.ndarray) -> dict[str, Any]:
+def latency_fields(steps: np.ndarray, prefix: str = "latency") -> dict[str, Any]:
     """The measured latencies in control steps: their count, mean, spread, quantiles and how many replies
     took each whole number of steps (rounded up, the d the robot advanced)."""
     if not len(steps):
-        return {"latency_replies": 0}
-    whole, counts = np.unique(np.ceil(steps - 1e-6).astype(int), return_counts=True)
+        return {f"{prefix}_replies": 0}
     return {
-        "latency_replies": len(steps),
-        "latency_steps_mean": float(steps.mean()),
-        "latency_steps_std": float(steps.std()),
-        **{f"latency_steps_p{round(q * 100)}": float(np.quantile(steps, q)) for q in _QUANTILES},
-        "latency_steps_max": float(steps.max()),
-        "latency_steps_histogram": {str(k): int(n) for k, n in zip(whole, counts, strict=True)},
+        f"{prefix}_replies": len(steps),
+        f"{prefix}_steps_mean": float(steps.mean()),
+        f"{prefix}_steps_std": float(steps.std()),
+        **{f"{prefix}_steps_p{round(q * 100)}": float(np.quantile(steps, q)) for q in _QUANTILES},
+        f"{prefix}_steps_max": float(steps.max()),
+        f"{prefix}_steps_histogram": _histogram(np.ceil(steps - 1e-6).astype(int)),
     }
+
+
+def _histogram(values: Sequence[int] | np.ndarray) -> dict[str, int]:
+    """How many of `values` (whole control steps or ticks) there are of each."""
+    whole, counts = np.unique(np.asarray(values, int), return_counts=True)
+    return {str(k): int(n) for k, n in zip(whole, counts, strict=True)}

@@ -9,14 +9,16 @@ DIR/results.json: success_rate, mean_steps, steps_std, switch_jump_mean, switch_
 execution, delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
 execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix), the
 guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
-latency_jitter and delay_estimate).
+latency_jitter, delay_estimate, fresh_delay_steps and latencies_from).
 
   oxygen-eval-table --policy=remote --host=HOST --port=PORT --config=pi05_detour_prefix --control_hz=200 \
     --out=DIR
 
 runs the same scenes in real time against a running `oxygen-serve` of --config (the world one action per
 tick at --control_hz, requests over openpi's websocket client on a thread): d is the measured latency,
-reported in control steps (latency_steps_*; delay_steps is their median rounded up).
+reported in control steps (latency_steps_*; delay_steps is their median rounded up; fresh_latency_steps_*
+for the requests that continue no chunk); `--latency_jitter=served --latencies_from=DIR/results.json`
+replays those latencies in the simulated loop.
 
 Without method flags a model runs as its config says (`rtc_defaults`): pi05_detour_prefix conditions and
 keeps its first chunk among 8 samples, its best measured setting. `--execution=bid` chooses every chunk by
@@ -67,10 +69,21 @@ _JITTER = flags.DEFINE_enum(
     "latency_jitter",
     "none",
     list(latency.JITTERS),
-    "Each request's latency around d: none, uniform (+-50 %) or heavy_tail (Pareto, mean d).",
+    "Each request's latency around d: none, uniform (+-50 %) or heavy_tail (Pareto, mean d); served: "
+    "drawn from the latencies of the served run --latencies_from.",
+)
+_LATENCIES_FROM = flags.DEFINE_string(
+    "latencies_from", None, "With --latency_jitter=served: a served run's results.json (--policy=remote)."
 )
 _DELAY_ESTIMATE = flags.DEFINE_integer(
     "delay_estimate", None, "The d the robot sends with rtc (default: d itself).", lower_bound=0
+)
+_FRESH_DELAY = flags.DEFINE_float(
+    "fresh_delay_steps",
+    None,
+    "Nominal latency in control steps of a request that continues no chunk (it draws the first-chunk "
+    "samples: each episode's first with rtc, every one with sync and naive); default: d.",
+    lower_bound=0,
 )
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
@@ -104,7 +117,8 @@ def main(_):
     )
     guidance = trial.GuidanceSettings(*_GUIDANCE.values())
     guidance.check(cfg.model, execution=_EXECUTION.value, delays=[delay], execution_horizon=execution_horizon)
-    latencies = latency.LatencySettings(_JITTER.value, _DELAY_ESTIMATE.value)
+    served = None if _LATENCIES_FROM.value is None else latency.ServedLatencies.load(_LATENCIES_FROM.value)
+    latencies = latency.LatencySettings(_JITTER.value, _DELAY_ESTIMATE.value, _FRESH_DELAY.value, served)
     latencies.check(horizon)
     samples = _fresh_samples(guidance, cfg)
     if _EXECUTION.value == "bid" and samples < 2:
@@ -132,8 +146,10 @@ def _main_served() -> None:
     cfg = config.load_config(_CONFIG.value)
     if cfg.table_task != "detour":
         cli.fail(f"--policy=remote runs the detour task only; config {cfg.name!r} runs {cfg.table_task}")
-    if _DELAY.value is not None or _LATENCY.value is not None or _EXECUTION.value == "bid":
-        cli.fail("--policy=remote measures d (no --delay_steps, no --latency_ms) and runs sync, naive or rtc")
+    if _DELAY.value is not None or _LATENCY.value is not None or _FRESH_DELAY.value is not None:
+        cli.fail("--policy=remote measures d (no --delay_steps, --latency_ms or --fresh_delay_steps)")
+    if _EXECUTION.value == "bid":
+        cli.fail("--policy=remote runs sync, naive or rtc")
     horizon = cfg.model.action_horizon
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
