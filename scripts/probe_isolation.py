@@ -161,6 +161,7 @@ def main(_):
             "outcomes": {name: vars(outcome) for name, outcome in report.outcomes.items()},
             "healthy_errors": report.healthy_errors,
             "stall_table": table,
+            **_timeline(report),
         }
         (out / "isolation.json").write_text(json.dumps(record, indent=1) + "\n")
     bad = [name for name, outcome in report.outcomes.items() if outcome.kind not in ACCEPTABLE]
@@ -169,6 +170,22 @@ def main(_):
     if bad or report.healthy_affected:
         affected = report.healthy_affected
         raise SystemExit(f"isolation broken: attackers got {bad}; healthy replies affected: {affected}")
+
+
+def _timeline(report: hostile_probe.ProbeReport) -> dict:
+    """The healthy robot's replies ([seconds since its first, latency ms]) and each attack's window on
+    the same clock: where a slow reply fell."""
+    if not report.healthy_times:
+        return {}
+    t0 = report.healthy_times[0][0]
+    return {
+        "healthy_timeline": [
+            [round(sent - t0, 4), round((got - sent) * 1000, 2)] for sent, got, _ in report.healthy_times
+        ],
+        "attack_windows": {
+            name: [round(a - t0, 3), round(b - t0, 3)] for name, (a, b) in report.windows.items()
+        },
+    }
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from ray import serve
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import relay, tickets
 from oxygen_jax.serving.flow_control import FailedKeys
+from oxygen_jax.serving.policy_backend import settle_heap
 from oxygen_jax.serving.server_config import ServerConfig
 from oxygen_jax.serving.websocket_server import (
     FAILED_KEY_BURST,
@@ -185,6 +186,7 @@ class ServerReplica:
         host = ray.util.get_node_ip_address()  # other replicas' /text subscribers read it too
         self._server = BackgroundServer(self._backend, host, 0, limits=server.limits).start()
         self._backend.warmup()
+        settle_heap()
         self._url = f"{host}:{self._server.port}"
         self._directory = directory()
         ray.get(self._directory.add.remote(self.replica_id, self._url))

@@ -139,6 +139,9 @@ DRAIN_GRACE_S = 0.2
 # What each frame received counts in the read budget beyond its payload (the frame's own objects), so
 # that tiny frames cannot queue up in their millions under a byte bound.
 FRAME_CHARGE = 1024
+# Bytes of one read handed to websockets' parser per turn of the event loop: a read may hold 256 KiB of
+# tiny frames, whose parsing at once would hold the loop (and the GIL) for ~0.1 s.
+PARSE_SLICE = 16 * 1024
 # What a bad request costs under `max_requests_per_s`, in requests: robots rarely send one, a flood of them
 # is the cheapest attack, and each costs the event loop (and the runtime thread, through the GIL).
 BAD_REQUEST_COST = 10
@@ -370,10 +373,30 @@ class _Connection(ServerConnection):
         super().__init__(*args, **kwargs)
         self.unread_sizes: collections.deque[int] = collections.deque()  # whole messages, oldest first
         self._partial = 0  # bytes of the fragments of the message being received
+        self._unparsed = bytearray()  # the rest of a read, parsed `PARSE_SLICE` at a time
+        self._budget_paused = False
 
     def data_received(self, data: bytes) -> None:
         self.last_data = time.monotonic()
-        super().data_received(data)
+        if not self._unparsed and len(data) <= PARSE_SLICE:
+            super().data_received(data)
+            return
+        self._unparsed += data
+        if len(self._unparsed) == len(data):  # no slice scheduled yet
+            self._parse_slice()
+
+    def _parse_slice(self) -> None:
+        """Parses the next slice of the read; while any is left, reading pauses and the rest waits for the
+        loop's next turn, so other connections are served in between."""
+        if self.transport.is_closing():
+            self._unparsed.clear()
+            return
+        piece = bytes(self._unparsed[:PARSE_SLICE])
+        del self._unparsed[:PARSE_SLICE]
+        super().data_received(piece)
+        if self._unparsed:
+            self.loop.call_soon(self._parse_slice)
+        self._apply_pause()
 
     def process_event(self, event: object) -> None:
         if isinstance(event, Frame) and event.opcode in DATA_OPCODES:
@@ -416,10 +439,21 @@ class _Connection(ServerConnection):
             self.unread_sizes.clear()
 
     def pause_reading(self) -> None:
-        self.transport.pause_reading()
+        self._budget_paused = True
+        self._apply_pause()
 
     def resume_reading(self) -> None:
-        self.transport.resume_reading()
+        self._budget_paused = False
+        self._apply_pause()
+
+    def _apply_pause(self) -> None:
+        """Reads while neither the budget nor a read still being parsed holds it back."""
+        if self.transport.is_closing():
+            return
+        if self._budget_paused or self._unparsed:
+            self.transport.pause_reading()
+        else:
+            self.transport.resume_reading()
 
 
 class _ConnectionHandler:

@@ -58,7 +58,7 @@ from absl import flags, logging
 
 from oxygen_jax import config, errors, preflight
 from oxygen_jax.runtime.runtime import RuntimeConfig
-from oxygen_jax.serving import openpi_args, recorder, websocket_server
+from oxygen_jax.serving import openpi_args, policy_backend, recorder, websocket_server
 from oxygen_jax.serving.server_config import ServerConfig
 from oxygen_jax.tools import cli
 
@@ -327,9 +327,14 @@ def main(_):
     backend = server.build_backend()
     logging.info("serving metadata: %s", backend.metadata)
     # Compiles while the server already answers /healthz (and /readyz 503); a first request waits for it.
-    threading.Thread(target=backend.warmup, name="warmup", daemon=True).start()
+    threading.Thread(target=_warm_up, args=(backend,), name="warmup", daemon=True).start()
     websocket_server.serve(backend, _HOST.value, _PORT.value, limits=server.limits)
     backend.close()  # what was received is answered, then the runtime stops
+
+
+def _warm_up(backend: websocket_server.PolicyBackend) -> None:
+    backend.warmup()
+    policy_backend.settle_heap()
 
 
 def parse_flags(argv: list[str]) -> list[str]:
