@@ -45,7 +45,9 @@ No client can stall or lock out the others (`ServerLimits`):
 - what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
   either, reading pauses and TCP pushes back, but a connection with nothing pending is always read; each
-  frame counts ``FRAME_CHARGE`` bytes more than its payload, so a flood of tiny frames is bounded too);
+  frame counts ``FRAME_CHARGE`` bytes more than its payload, so a flood of tiny frames is bounded too;
+  a socket read reaches websockets' parser ``PARSE_SLICE`` bytes per turn of the event loop, so a read
+  full of tiny frames does not hold the loop);
   requests per connection and second (``max_requests_per_s``, a bad request counting
   ``BAD_REQUEST_COST``; past it a request is refused unread and the connection is not read again until
   the rate allows one more, so a flood costs the server at most twice that rate in messages, and a flood
