@@ -421,8 +421,9 @@ class _Connection(ServerConnection):
 
     @property
     def receiving(self) -> bool:
-        """Whether part of a message has arrived (fragments, or bytes after the last whole frame)."""
-        return self._partial > 0 or self.last_data > self.last_frame
+        """Whether part of a message has arrived (fragments, bytes after the last whole frame, or a read
+        not parsed yet)."""
+        return self._partial > 0 or self.last_data > self.last_frame or bool(self._unparsed)
 
     def took_message(self) -> int:
         """The handler took the oldest whole message: its size, which counts as pending until `answered`."""
