@@ -62,14 +62,14 @@ class LatencySettings:
 
     def nominal(self, request: Mapping, delay_steps: int) -> float:
         """The latency `request` is drawn around: `fresh_delay` if it continues no chunk, else d."""
-        if self.fresh_delay is None or protocol.RTC in request:
+        if self.fresh_delay is None or protocol.continues_chunk(request):
             return float(delay_steps)
         return self.fresh_delay
 
     def drawer(self, delay_steps: int, rng: np.random.Generator) -> Callable[[Mapping], float]:
         """Draws each request's latency in control steps (`simulated.DelayedRequests`'s latency_steps)."""
         if self.served is not None:
-            return lambda request: self.served.draw(protocol.RTC not in request, rng)
+            return lambda request: self.served.draw(not protocol.continues_chunk(request), rng)
         return lambda request: draw(self.jitter, self.nominal(request, delay_steps), rng)
 
     def fields(self) -> dict:

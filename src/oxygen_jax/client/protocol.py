@@ -10,6 +10,7 @@ get openpi's plain reply plus these keys, which they may ignore.
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -17,6 +18,12 @@ RTC = "rtc"
 CHUNK_ID = "chunk_id"
 START = "start"
 STALE = "stale"
+
+
+def continues_chunk(request: Mapping[str, Any]) -> bool:
+    """Whether `request` continues the robot's last chunk (it carries `rtc`); one that does not is fresh:
+    it draws the config's first-chunk samples and, on a server, takes longer."""
+    return RTC in request
 
 
 def rtc_request(executed: int, delay: int, horizon: int, chunk_id: int) -> dict[str, int]:

@@ -93,7 +93,7 @@ def with_samples(
     robot's chunk and draws one)."""
     if samples == 1:
         return infer
-    return lambda obs: infer(obs if protocol.RTC in obs else {**obs, "samples": samples})
+    return lambda obs: infer(obs if protocol.continues_chunk(obs) else {**obs, "samples": samples})
 
 
 def latency_fields(steps: np.ndarray, prefix: str = "latency") -> dict[str, Any]:

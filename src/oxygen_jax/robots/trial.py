@@ -88,7 +88,7 @@ def seeded_infer(
     others = rng.spawn(1)[0]
 
     def infer(obs: Mapping[str, Any]) -> dict[str, Any]:
-        samples = guidance.fresh_samples if protocol.RTC not in obs else 1
+        samples = guidance.fresh_samples if not protocol.continues_chunk(obs) else 1
         return served.infer(obs, noise=draw_samples(rng, others, shape, guidance.noise_dims, samples))
 
     return infer
