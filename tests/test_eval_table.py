@@ -244,6 +244,23 @@ def test_summarize_reports_the_results_fields():
     assert summary["switches"] == 3
     assert summary["jerk_mean"] == pytest.approx(0.005)
     assert summary["left_share"] == pytest.approx(2 / 3)
+    assert summary["success_steps_histogram"] == {"30": 1, "40": 1}
+    assert summary["collision_steps_histogram"] == {"12": 1}
+
+
+def test_success_within_counts_the_episodes_that_succeeded_by_the_budget():
+    episodes = [
+        closed_loop.Episode(True, False, 30, [], 0.0, "left"),
+        closed_loop.Episode(True, False, 30, [], 0.0, "left"),
+        closed_loop.Episode(True, False, 100, [], 0.0, "right"),
+        closed_loop.Episode(False, True, 12, [], 0.0, "left"),
+        closed_loop.Episode(False, False, 120, [], 0.0, "left"),
+    ]
+    results = {"episodes": 5, "max_steps": 120, **closed_loop.summarize(episodes)}
+    assert [closed_loop.success_within(results, b) for b in (29, 30, 99, 100, 120)] == [0, 0.4, 0.4, 0.6, 0.6]
+    assert closed_loop.success_within(results, 120) == results["success_rate"]
+    with pytest.raises(ValueError, match=r"budget must lie in \[0, 120\]"):
+        closed_loop.success_within(results, 121)
 
 
 def test_delay_from_latency_rounds_up_to_control_steps():

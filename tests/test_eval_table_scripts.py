@@ -82,6 +82,7 @@ def test_eval_table_runs_bid_under_jittered_latency_with_a_wrong_delay_estimate(
         ("eval_table", ["--delay_steps=2", "--noise_dims=33"], "noise_dims must lie in [1, 32]"),
         ("eval_table", ["--delay_steps=2", "--delay_estimate=10"], "delay_estimate must lie in [0, 9]"),
         ("eval_table", ["--delay_steps=2", "--execution=bid"], "--execution=bid needs --fresh_samples >= 2"),
+        ("eval_table", ["--policy=remote", "--max_steps=50"], "(no --max_steps)"),
         ("sweep_eval_table", ["--delays=0,7"], "exceeds execution_horizon 6"),
         ("sweep_eval_table", ["--noise_dims=33"], "noise_dims must lie in [1, 32]"),
     ],
@@ -130,3 +131,24 @@ def test_eval_table_runs_the_task_its_config_names(tmp_path):
         42,
     )
     assert results["rtc_method"] == "conditioned" and results["episodes"] == 2
+
+
+def test_eval_table_runs_to_the_budget_it_is_given(tmp_path):
+    """`--max_steps` replaces the task's budget; the histograms hold every episode that succeeded or
+    collided, at the step it did."""
+    run = _run(
+        "eval_table",
+        "--config=pi05_detour_moving",
+        "--execution=naive",
+        "--delay_steps=5",
+        "--max_steps=50",
+        "--episodes=2",
+        f"--out={tmp_path}",
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["max_steps"] == 50
+    successes = sum(results["success_steps_histogram"].values())
+    assert successes == round(results["success_rate"] * 2)
+    assert sum(results["collision_steps_histogram"].values()) == round(results["collision_rate"] * 2)
+    assert all(1 <= int(steps) <= 50 for steps in results["success_steps_histogram"])

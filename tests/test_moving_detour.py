@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 from conftest import SCRIPTS
 
 from oxygen_jax import config
@@ -165,3 +166,22 @@ def test_config_runs_the_moving_task_from_its_shipped_checkpoint():
     assert (
         cfg.model.max_clean_prefix == prefix.model.max_clean_prefix and cfg.rtc.samples == prefix.rtc.samples
     )
+
+
+@pytest.mark.integration
+def test_a_longer_budget_holds_the_shorter_runs_episodes_cut_short():
+    """The shipped moving model at d = 5, one run to 60 steps and one to the task's 42: every episode
+    stops at success or collision and nothing else depends on the budget, so the longer run's histograms
+    give the shorter run's success and collision rates exactly (what docs/rtc.md's budget curves rely on)."""
+    policy = closed_loop.load_policy("pi05_detour_moving", None)
+    common = dict(
+        execution="rtc", delay_steps=5, episodes=4, seed=0, execution_horizon=6, task="detour_moving"
+    )
+    long = closed_loop.evaluate(policy, max_steps=60, **common)
+    short = closed_loop.evaluate(policy, **common)
+    assert short["max_steps"] == moving_detour.MAX_STEPS
+    assert closed_loop.success_within(long, moving_detour.MAX_STEPS) == short["success_rate"]
+    cut = {k: v for k, v in long["success_steps_histogram"].items() if int(k) <= moving_detour.MAX_STEPS}
+    assert cut == short["success_steps_histogram"]
+    assert long["collision_steps_histogram"] == short["collision_steps_histogram"]
+    assert long["success_rate"] > short["success_rate"]  # these scenes include some only caught after 42

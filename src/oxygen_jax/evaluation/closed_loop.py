@@ -6,8 +6,9 @@ or runs out of `max_steps` control steps. The moving detour task (`moving_detour
 cube moving with the simulated clock: on every control step, those the robot waits included.
 """
 
+import collections
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -147,7 +148,8 @@ def _side(scene: detour.DetourScene, positions: np.ndarray) -> str:
 
 def summarize(episodes: list[Episode]) -> dict[str, Any]:
     """The figures of a run: success rate, control steps to success (mean and spread), chunk-switch jumps
-    and jerk."""
+    and jerk; the steps at which episodes succeeded and collided, so that `success_within` reads the
+    success rate at any smaller step budget from the same run."""
     successes = [e for e in episodes if e.success]
     return {
         "success_rate": len(successes) / len(episodes),
@@ -156,7 +158,25 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
         "steps_std": float(np.std([e.steps for e in successes])) if successes else None,
         **simulated.motion_summary(episodes),
         "left_share": sum(e.side == "left" for e in episodes) / len(episodes),
+        "success_steps_histogram": _histogram(e.steps for e in successes),
+        "collision_steps_histogram": _histogram(e.steps for e in episodes if e.collided),
     }
+
+
+def _histogram(steps: Iterable[int]) -> dict[str, int]:
+    """{steps: episodes}, keys in increasing order (JSON keys are strings)."""
+    counts = collections.Counter(steps)
+    return {str(step): counts[step] for step in sorted(counts)}
+
+
+def success_within(results: Mapping[str, Any], budget: int) -> float:
+    """The success rate the run `results` (results.json's fields) would have had with `budget` control
+    steps per episode: an episode stops at success or collision and nothing else depends on the budget,
+    so a run with a larger budget holds every smaller one's episodes, cut short."""
+    if not 0 <= budget <= results["max_steps"]:
+        raise ValueError(f"budget must lie in [0, {results['max_steps']}] (the run's budget), got {budget}")
+    histogram = results["success_steps_histogram"]
+    return sum(count for steps, count in histogram.items() if int(steps) <= budget) / results["episodes"]
 
 
 def evaluate(

@@ -9,7 +9,9 @@ DIR/results.json: success_rate, mean_steps, steps_std, switch_jump_mean, switch_
 execution, delay_steps, action_horizon, episodes (and config, collision_rate, left_share, switches,
 execution_horizon, rtc_method (guided, or conditioned for a model trained with a clean prefix), the
 guidance settings rtc_schedule, max_guidance_weight, prefix_horizon, noise_dims and fresh_samples, and
-latency_jitter, delay_estimate, fresh_delay_steps and latencies_from).
+latency_jitter, delay_estimate, fresh_delay_steps and latencies_from; success_steps_histogram and
+collision_steps_histogram, the steps at which episodes ended so: `closed_loop.success_within` reads the
+success rate at any budget up to --max_steps from them).
 
   oxygen-eval-table --policy=remote --host=HOST --port=PORT --config=pi05_detour_prefix --control_hz=200 \
     --out=DIR
@@ -85,6 +87,13 @@ _FRESH_DELAY = flags.DEFINE_float(
     "samples: each episode's first with rtc, every one with sync and naive); default: d.",
     lower_bound=0,
 )
+_MAX_STEPS = flags.DEFINE_integer(
+    "max_steps",
+    None,
+    "Control steps per episode (default: the task's budget, 120 on the detour task, 42 on the moving one); "
+    "results.json's histograms give the success rate at any smaller budget.",
+    lower_bound=1,
+)
 _EPISODES = flags.DEFINE_integer("episodes", 50, "Held-out scenes to run, an episode each.", lower_bound=1)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the scenes and the action noise.")
 _OUT = flags.DEFINE_string("out", None, "Folder for results.json.", required=True)
@@ -133,6 +142,7 @@ def main(_):
         episodes=_EPISODES.value,
         seed=_SEED.value,
         execution_horizon=execution_horizon,
+        max_steps=_MAX_STEPS.value,
         guidance=guidance,
         latencies=latencies,
         task=cfg.table_task,
@@ -150,6 +160,8 @@ def _main_served() -> None:
         cli.fail("--policy=remote measures d (no --delay_steps, --latency_ms or --fresh_delay_steps)")
     if _EXECUTION.value == "bid":
         cli.fail("--policy=remote runs sync, naive or rtc")
+    if _MAX_STEPS.value is not None:
+        cli.fail("--policy=remote runs the detour task's budget (no --max_steps)")
     horizon = cfg.model.action_horizon
     execution_horizon = (
         simulated.default_execution_horizon(horizon) if _HORIZON.value is None else _HORIZON.value
