@@ -7,7 +7,7 @@ been given B control steps, for every B up to the runs' budget, from one set of 
 
 An episode stops at success or collision and nothing else depends on the budget, so a run to 120 steps
 holds the task's 42-step run cut short (`closed_loop.success_within`). Prints a markdown table (success at
---budgets, collisions, and the smallest budget from which rtc stays ahead of naive and of sync); --plot
+--budgets, collisions, and the budgets at which rtc succeeds less often than naive or sync); --plot
 draws one panel per delay and latency model, the task's budget marked.
 """
 
@@ -54,35 +54,33 @@ def curve(cell: dict[str, Any]) -> list[float]:
     return [closed_loop.success_within(cell, budget) for budget in range(cell["max_steps"] + 1)]
 
 
-def ahead_from(leader: list[float], other: list[float]) -> int | None:
-    """The smallest budget from which `leader` succeeds strictly more often than `other` at every larger
-    one (None: not even at the last)."""
-    first = None
-    for budget in range(len(leader) - 1, -1, -1):
-        if leader[budget] <= other[budget]:
-            break
-        first = budget
-    return first
+def behind_at(rtc: list[float], other: list[float]) -> str:
+    """The budgets at which rtc succeeds less often than `other`, as ranges ("none" if none)."""
+    ranges: list[list[int]] = []
+    for budget, (mine, theirs) in enumerate(zip(rtc, other, strict=True)):
+        if mine < theirs:
+            if ranges and ranges[-1][1] == budget - 1:
+                ranges[-1][1] = budget
+            else:
+                ranges.append([budget, budget])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in ranges) or "none"
 
 
 def table(cells: dict[tuple[str, str, int], dict[str, Any]], budgets: list[int]) -> str:
-    head = ["delay", "d", "method", *(f"success in {b}" for b in budgets), "collisions", "rtc ahead from"]
+    head = ["delay", "d", "method", *(f"success in {b}" for b in budgets), "collisions", "rtc behind it at"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for jitter, d in PANELS:
         curves = {m: curve(cells[(m, jitter, d)]) for m in METHODS}
         for execution in METHODS:
             cell = cells[(execution, jitter, d)]
-            ahead = ""
-            if execution != "rtc":
-                first = ahead_from(curves["rtc"], curves[execution])
-                ahead = f"of {execution}: {'never' if first is None else first}"
+            behind = "" if execution == "rtc" else behind_at(curves["rtc"], curves[execution])
             row = [
                 "exact" if jitter == "none" else "uniform +-50 %",
                 str(d),
                 execution,
                 *(f"{closed_loop.success_within(cell, b):.3f}" for b in budgets),
                 f"{cell['collision_rate']:.3f}",
-                ahead,
+                behind,
             ]
             lines.append("| " + " | ".join(row) + " |")
     episodes = {cell["episodes"] for cell in cells.values()}

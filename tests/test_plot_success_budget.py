@@ -32,21 +32,20 @@ def _write_cells(root) -> None:
             (folder / "results.json").write_text(json.dumps(_cell(successes, collisions)))
 
 
-def test_ahead_from_is_where_the_leader_stays_strictly_ahead():
-    assert budget_plot.ahead_from([0, 0.5, 0.5, 1.0], [0, 0.5, 0.75, 0.75]) == 3
-    assert budget_plot.ahead_from([0, 0.6, 0.6, 1.0], [0, 0.5, 0.5, 0.75]) == 1
-    assert budget_plot.ahead_from([0, 0.5, 0.5], [0, 0.5, 0.5]) is None
+def test_behind_at_names_the_budgets_where_rtc_succeeds_less_often():
+    assert budget_plot.behind_at([0, 0.5, 0.5, 1.0, 0.5, 0.5], [0, 0.6, 0.6, 0.75, 0.75, 0.5]) == "1-2, 4"
+    assert budget_plot.behind_at([0, 0.5, 0.5], [0, 0.5, 0.5]) == "none"
 
 
 def test_the_table_reads_each_budget_and_the_plot_is_drawn(tmp_path):
     _write_cells(tmp_path)
     cells = budget_plot.load(tmp_path)
     text = budget_plot.table(cells, [42, 120])
-    # rtc: 2 of 4 by step 42, 3 by 44 (level with naive's 3 of 4, one collided at 21), 4 by 70: strictly
-    # ahead of naive from 70.
+    # rtc: 2 of 4 by step 42, 3 by 44 (level with naive's 3 of 4, one collided at 21), 4 by 70: behind
+    # naive from naive's third success (40) until rtc's third (44); behind sync nowhere.
     assert "| exact | 5 | rtc | 0.500 | 1.000 | 0.000 |  |" in text
-    assert "| exact | 5 | naive | 0.750 | 0.750 | 0.250 | of naive: 70 |" in text
-    assert "| exact | 5 | sync | 0.000 | 0.500 | 0.000 | of sync: 30 |" in text
+    assert "| exact | 5 | naive | 0.750 | 0.750 | 0.250 | 40-43 |" in text
+    assert "| exact | 5 | sync | 0.000 | 0.500 | 0.000 | none |" in text
     png = tmp_path / "budget.png"
     budget_plot.plot(cells, png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
