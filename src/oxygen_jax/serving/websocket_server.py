@@ -52,8 +52,8 @@ No client can stall or lock out the others (`ServerLimits`):
   ``BAD_REQUEST_COST``; past it a request is refused unread and the connection is not read again until
   the rate allows one more, so a flood costs the server at most twice that rate in messages, and a flood
   of bad requests a fifth of it);
-  handshakes per second (``max_handshakes_per_s``; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``,
-  then HTTP 503).
+  handshakes per second (``max_handshakes_per_s``, admitted ``HANDSHAKE_BURST_S`` of a second's worth at
+  once; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
 A request is held once, and no longer than it is served: websockets' parser keeps no payload of the frame
@@ -158,6 +158,10 @@ FAILED_KEY_BURST, FAILED_KEY_RATE = 10, 1.0
 KEYS_THROTTLED = "Too many failed API keys from this address: retry later"
 # Longest a handshake waits for its turn under `max_handshakes_per_s` before it is refused (HTTP 503).
 MAX_HANDSHAKE_WAIT_S = 5.0
+# New connections admitted at once: this much of a second's rate (5 at 100 a second; at least 1). A
+# handshake costs the event loop ~2 ms on a 2-core CPU, so a burst of a full second's 100 held it for
+# 0.2 s and a served robot's reply for up to 2.5x its median; spread out, 300 at once stay under 2x.
+HANDSHAKE_BURST_S = 0.05
 # After the drain's deadline, how long closing handshakes may take before connections are cut.
 DRAIN_CLOSE_S = 1.0
 
@@ -183,7 +187,8 @@ class ServerLimits:
     max_pending_total_mb: float | None = 256.0
     # Per connection, in bursts of as many: far above any robot's control rate. Past it: refused.
     max_requests_per_s: float | None = 500.0
-    # New websocket connections in all, in bursts of as many; past it a handshake waits its turn.
+    # New websocket connections in all, `HANDSHAKE_BURST_S` of them at once; past it a handshake waits
+    # its turn.
     max_handshakes_per_s: float | None = 100.0
 
 
@@ -475,7 +480,7 @@ class _ConnectionHandler:
         self._draining = asyncio.Event()
         self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
         rate = limits.max_handshakes_per_s
-        self._handshakes = None if rate is None else TokenBucket(rate, rate)
+        self._handshakes = None if rate is None else TokenBucket(rate, max(1.0, rate * HANDSHAKE_BURST_S))
         self._failed_keys = FailedKeys(FAILED_KEY_RATE, FAILED_KEY_BURST)
         self._log = LogThrottle(logger, LOG_INTERVAL_S)
         served_metrics = metrics.of(backend)

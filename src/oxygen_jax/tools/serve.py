@@ -188,8 +188,8 @@ _MAX_REQUESTS_PER_S = flags.DEFINE_float(
 _MAX_HANDSHAKES_PER_S = flags.DEFINE_float(
     "max_handshakes_per_s",
     100.0,
-    "New websocket connections admitted a second, in bursts of as many; more wait their turn (up to 5 s, "
-    "then HTTP 503) (0: no limit).",
+    "New websocket connections admitted a second, a twentieth of them at once; more wait their turn (up "
+    "to 5 s, then HTTP 503) (0: no limit).",
     lower_bound=0,
 )
 API_KEY_ENV = "OXYGEN_API_KEY"
