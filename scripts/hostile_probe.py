@@ -31,6 +31,9 @@ from oxygen_jax.serving import msgpack_numpy
 IMAGE_SHAPE = (224, 224, 3)
 HEALTHY_ATOL = 1e-5  # a batch of two rounds differently from a batch of one (float32)
 HEALTHY_ALONE = 30  # requests the healthy robot sends before any attack, for its median latency alone
+# After an attack, the healthy robot's replies it must get to requests sent after the attack ended (then
+# to one sent after that reply) before the next attack begins: an attack's aftermath is its own.
+SETTLE_TIMEOUT_S = 30.0
 Headers = dict[str, str] | None
 Attack = Callable[[str, Headers], "Outcome"]
 
@@ -184,12 +187,24 @@ class _HealthyRobot(_FORK.Process):
         self._request = obs | {"noise": np.random.default_rng(7).standard_normal((10, 32)).astype(np.float32)}
         self._stop_event = _FORK.Event()
         self.warm = _FORK.Event()  # set after its `HEALTHY_ALONE` requests alone
+        self._last_sent = _FORK.Value("d", 0.0, lock=False)  # when the request last answered was sent
         self._results, self._send_results = _FORK.Pipe(duplex=False)
         self._reference: np.ndarray | None = None
 
     def start(self) -> None:
         super().start()
         self._send_results.close()  # the child's copy remains: a child that dies ends `stop`'s wait
+
+    def settle(self, after: float) -> float:
+        """Waits until a request sent after `after` (a perf_counter time) was answered, then one sent
+        after that reply, so the server has worked through what came before (at most
+        `SETTLE_TIMEOUT_S`, or until the robot stops); returns when."""
+        deadline = time.perf_counter() + SETTLE_TIMEOUT_S
+        for _ in range(2):
+            while self._last_sent.value <= after and self.is_alive() and time.perf_counter() < deadline:
+                time.sleep(0.002)
+            after = time.perf_counter()
+        return after
 
     def stop(self) -> None:
         """Stops it and copies what it saw into the report."""
@@ -212,6 +227,7 @@ class _HealthyRobot(_FORK.Process):
                     websocket.send(msgpack_numpy.packb(self._request))
                     ok = self._check(websocket.recv())
                     self._report.healthy_times.append((start, time.perf_counter(), ok))
+                    self._last_sent.value = start
                     if sent + 1 == HEALTHY_ALONE:
                         self.warm.set()
         except (ConnectionClosed, OSError) as error:
@@ -309,7 +325,9 @@ def probe(
 ) -> ProbeReport:
     """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
     `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other (with `only`, just
-    those whose name contains it). The attacks run at `attacker_nice` (this thread and those it starts,
+    those whose name contains it). Each attack's window runs from its start until the healthy robot has
+settled after it (`_HealthyRobot.settle`), so the next starts on a server done with it. The attacks run
+at `attacker_nice` (this thread and those it starts,
     after the healthy robot's process has started), so on a machine the three share, the attacker's own
     work can stand aside as if it ran elsewhere."""
     base = valid_observation(spec)
@@ -331,7 +349,7 @@ def probe(
     for name in names:
         began = time.perf_counter()
         report.outcomes[name] = attacks[name](url, headers)
-        report.windows[name] = (began, time.perf_counter())
+        report.windows[name] = (began, healthy.settle(after=time.perf_counter()))
     healthy.stop()
     report.seconds = time.perf_counter() - start
     return report

@@ -178,9 +178,10 @@ class RssSampler(threading.Thread):
 
 
 def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -> list[dict[str, Any]]:
-    """Per attack (and one row for the rest together): the healthy robot's replies whose request
-    overlapped it, their worst latency against its median alone, errors, and the server's peak RSS during
-    it over its RSS just before the first attack."""
+    """Per attack (and one row for the rest together): the healthy robot's replies received in its
+    window (from the attack's start until the robot settled after it: each reply belongs to one attack,
+    the one under way or just over when it came), their worst latency against its median alone, errors,
+    and the server's peak RSS during it over its RSS just before the first attack."""
     first = min(start for start, _ in report.windows.values())
     alone = [got - sent for sent, got, _ in report.healthy_times if got < first]
     median = statistics.median(alone)
@@ -195,7 +196,7 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
         during = [
             (got - sent, ok)
             for sent, got, ok in report.healthy_times
-            if any(sent <= end and got >= start for start, end in windows)
+            if any(start <= got < end for start, end in windows)
         ]
         worst = max((latency for latency, _ in during), default=0.0)
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
