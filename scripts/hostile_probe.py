@@ -326,10 +326,10 @@ def probe(
     """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
     `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other (with `only`, just
     those whose name contains it). Each attack's window runs from its start until the healthy robot has
-settled after it (`_HealthyRobot.settle`), so the next starts on a server done with it. The attacks run
-at `attacker_nice` (this thread and those it starts,
-    after the healthy robot's process has started), so on a machine the three share, the attacker's own
-    work can stand aside as if it ran elsewhere."""
+    settled after it (`_HealthyRobot.settle`), so the next starts on a server done with it. The attacks
+    run at `attacker_nice` (this thread and those it starts, after the healthy robot's process has
+    started), so on a machine the three share, the attacker's own work can stand aside as if it ran
+    elsewhere."""
     base = valid_observation(spec)
     attacks: dict[str, Attack] = {
         name: request_attack(request) for name, request in hostile_requests(spec, base).items()
