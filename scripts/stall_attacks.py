@@ -2,8 +2,10 @@
 what each did to the healthy robot beside it.
 
 The first row is a control: no attack, only time, to show how much the machine alone (other processes,
-the runtime's own decode chunks) varies the healthy robot's latency. Each attack is sized by `scale`
-(1: the recorded figures' sizes, e.g. a 15 MB message; tests pass less):
+the runtime's own decode chunks) varies the healthy robot's latency. A row's worst of n replies grows
+with n even with no attack, so each row also gives the control's typical worst of as many replies (the
+median over every n consecutive replies of the control; `control_worst`). Each attack is sized by
+`scale` (1: the recorded figures' sizes, e.g. a 15 MB message and a 30 s control; tests pass less):
 - `15 MB list of ints x3`: three connections at once each send a request with an extra key holding a list
   of 15 M small ints (it used to be walked element by element on the event loop);
 - `63 idle subscribers + 60 idle robots`: they stay open while a new robot connects and is answered;
@@ -35,8 +37,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from oxygen_jax.serving import msgpack_numpy
 
 MB = 10**6
-CONTROL_S = 3.0
-CONTROL = f"no attack for {CONTROL_S:g} s (control)"
+# The control's length at scale 1: about 800 replies on a 2-core CPU, more than any attack's row but the
+# idle connections' has, so the control's worst of as many replies is read off it for most rows.
+CONTROL_S = 30.0
+CONTROL_SUFFIX = "(control)"
 
 
 def stall_attacks(base: dict[str, Any], *, scale: float = 1.0) -> dict[str, Attack]:
@@ -49,8 +53,9 @@ def stall_attacks(base: dict[str, Any], *, scale: float = 1.0) -> dict[str, Atta
         {"t": {"instruction": "what next", "temperature": "0.5"}},
     ]
     names = {"n" * int(2**20 * scale) + str(i): "what next" for i in range(4)}
+    control_s = max(1.0, CONTROL_S * scale)
     return {
-        CONTROL: _nothing,
+        f"no attack for {control_s:g} s {CONTROL_SUFFIX}": _nothing(control_s),
         f"{ints / MB:g} MB list of ints x3": _in_parallel(_raw(big_list), 3),
         "63 idle subscribers + 60 idle robots": _crowd(63, 60),
         "1-byte fragments": _trickle(msgpack_numpy.packb(base), interval_s=0.2),
@@ -61,10 +66,14 @@ def stall_attacks(base: dict[str, Any], *, scale: float = 1.0) -> dict[str, Atta
     }
 
 
-def _nothing(url: str, headers: Headers) -> Outcome:
-    """No attack: what the machine alone does to the healthy robot's latency, for comparison."""
-    time.sleep(CONTROL_S)
-    return Outcome("answered", f"nothing sent for {CONTROL_S:g} s")
+def _nothing(seconds: float) -> Attack:
+    """No attack for `seconds`: what the machine alone does to the healthy robot's latency."""
+
+    def wait(url: str, headers: Headers) -> Outcome:
+        time.sleep(seconds)
+        return Outcome("answered", f"nothing sent for {seconds:g} s")
+
+    return wait
 
 
 def _raw(message: bytes) -> Attack:
@@ -181,7 +190,8 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     """Per attack (and one row for the rest together): the healthy robot's replies received in its
     window (from the attack's start until the robot settled after it: each reply belongs to one attack,
     the one under way or just over when it came), their worst latency against its median alone, errors,
-    and the server's peak RSS during it over its RSS just before the first attack."""
+    and the server's peak RSS during it over its RSS just before the first attack; beside the worst, the
+    control's worst of as many replies (`control_worst`; None without a control)."""
     first = min(start for start, _ in report.windows.values())
     alone = [got - sent for sent, got, _ in report.healthy_times if got < first]
     median = statistics.median(alone)
@@ -191,6 +201,13 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     earlier = [window for name, window in report.windows.items() if name not in names]
     if earlier:
         groups[f"the {len(earlier)} earlier kinds"] = earlier
+    control = [
+        got - sent
+        for name, (start, end) in report.windows.items()
+        if name.endswith(CONTROL_SUFFIX)
+        for sent, got, _ in report.healthy_times
+        if start <= got < end
+    ]
     rows = []
     for name, windows in groups.items():
         during = [
@@ -199,6 +216,7 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
             if any(start <= got < end for start, end in windows)
         ]
         worst = max((latency for latency, _ in during), default=0.0)
+        floor = control_worst(control, len(during))
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
         peak = max((p for p in peaks if p is not None), default=None)
         outcomes = [report.outcomes[name].kind] if name in report.outcomes else ["(see outcomes)"]
@@ -210,11 +228,23 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
                 "worst ms": round(worst * 1000, 1),
                 "median alone ms": round(median * 1000, 1),
                 "worst / median": round(worst / median, 2) if during else None,
+                "control's worst of as many / median": None if floor is None else round(floor / median, 2),
                 "healthy errors or changes": sum(not ok for _, ok in during),
                 "RSS +MB": None if peak is None or baseline is None else round((peak - baseline) / 2**20),
             }
         )
     return rows
+
+
+def control_worst(control: list[float], count: int) -> float | None:
+    """The median, over every run of `count` consecutive latencies of the control, of the run's worst:
+    what a row of `count` replies shows with no attack (the control's worst when it has fewer; None
+    without a control or replies)."""
+    if not control or count < 1:
+        return None
+    if count >= len(control):
+        return max(control)
+    return statistics.median(max(control[i : i + count]) for i in range(len(control) - count + 1))
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:

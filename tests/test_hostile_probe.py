@@ -11,6 +11,7 @@ from conftest import SCRIPTS, load_script
 from oxygen_jax.policies import libero
 
 hostile_probe = load_script("hostile_probe")
+stall_attacks = load_script("stall_attacks")
 SCRIPT = SCRIPTS / "probe_isolation.py"
 
 
@@ -21,6 +22,14 @@ def test_hostile_kinds_each_break_one_thing_of_a_valid_observation():
     assert base["observation/image"].dtype.name == "uint8" and base["observation/state"].shape == (8,)
     assert {"state string", "image uint16", "extra actions key", "missing state"} <= set(cases)
     assert cases["extra actions key"]["observation/image"] is base["observation/image"]
+
+
+def test_the_controls_worst_of_as_many_replies_is_the_median_worst_of_every_run_that_long():
+    control = [1.0, 5.0, 1.0, 1.0, 2.0, 1.0]
+    assert stall_attacks.control_worst(control, 2) == 2.0  # runs of two: worst 5, 5, 1, 2, 2
+    assert stall_attacks.control_worst(control, 1) == 1.0  # a single reply: the control's median
+    assert stall_attacks.control_worst(control, 6) == 5.0 == stall_attacks.control_worst(control, 60)
+    assert stall_attacks.control_worst([], 3) is None and stall_attacks.control_worst(control, 0) is None
 
 
 @pytest.mark.slow  # ~2 min on a quiet 2-core machine: the script is also the recorded figure
@@ -68,3 +77,6 @@ def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
     assert shutdown["kind"] == "answered" and " 0 lost;" in shutdown["detail"], shutdown
     stalls = {row["attack"]: row for row in record["stall_table"]}
     assert all(row.get("healthy errors or changes", 0) == 0 for row in stalls.values())
+    # The control's own row: its worst is the control's worst of as many replies (all of them).
+    control = next(row for name, row in stalls.items() if name.endswith("(control)"))
+    assert control["control's worst of as many / median"] == control["worst / median"]
