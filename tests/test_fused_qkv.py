@@ -43,8 +43,9 @@ def test_fused_module_initializes_the_fused_layout(tiny_config, stacked):
 
 
 def test_fused_and_separate_projections_compute_the_same_model(golden_params, tiny_config, golden_obs):
-    """Prefill and plain denoising bit for bit on CPU float32 (each output column of the fused matmul is the
-    same dot as in the separate ones)."""
+    """Prefill and plain denoising on CPU float32, to float32 rounding: each output column of the fused
+    matmul is the same dot as in the separate ones, but the backend may tile the wider matmul differently
+    and so sum in another order (on an AVX-512 CPU the two differ by up to 2e-6 in values of order 1)."""
     runtime = dataclasses.replace(tiny_config, scan_layers=False, kernels=kernels.for_backend())
     fused = dataclasses.replace(runtime, fused_qkv=True)
     separate_params = pi05.runtime_layout(golden_params)
@@ -57,8 +58,10 @@ def test_fused_and_separate_projections_compute_the_same_model(golden_params, ti
     want_cache = prefill(separate_params, runtime, golden_obs)
     got_cache = prefill(fused_params, fused, golden_obs)
     for a, b in zip(jax.tree.leaves(got_cache), jax.tree.leaves(want_cache), strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(
         denoise(params=fused_params, config=fused, cache=got_cache, noise=noise, num_steps=3),
         denoise(params=separate_params, config=runtime, cache=want_cache, noise=noise, num_steps=3),
+        rtol=0,
+        atol=1e-5,
     )

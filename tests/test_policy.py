@@ -131,7 +131,9 @@ def test_a_bug_in_a_transform_is_a_server_fault_not_an_invalid_request(policies)
 
 
 def test_prepare_and_finish_are_infer_split_in_two(policies):
-    """`infer` is prepare -> engine -> finish: the same stages, driven by hand, give the same reply."""
+    """`infer` is prepare -> engine -> finish: the same stages, driven by hand, give the same reply (the
+    actions to float32 rounding: the two paths compile separately, and the CPU backend may order sums
+    differently in each)."""
     policy = policies["dsi0", "float32"]
     options = RequestOptions(noise=E2E["in/noise"])
     prepared = policy.prepare(raw_observation(), options)
@@ -143,6 +145,6 @@ def test_prepare_and_finish_are_infer_split_in_two(policies):
     tokens = np.asarray(text.tokens)[0, : int(np.asarray(text.lengths)[0])]
     reply = policy.finish(prepared, actions, {None: Speech(tokens)})
     alone = policy.infer(raw_observation(), noise=E2E["in/noise"])
-    np.testing.assert_array_equal(reply["actions"], alone["actions"])
+    np.testing.assert_allclose(reply["actions"], alone["actions"], rtol=0, atol=1e-5)
     np.testing.assert_array_equal(reply["text_tokens"], alone["text_tokens"])
     assert reply["text"] == alone["text"] == policy.detokenize(tokens)
