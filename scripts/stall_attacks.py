@@ -37,8 +37,8 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from oxygen_jax.serving import msgpack_numpy
 
 MB = 10**6
-# The control's length at scale 1: about 800 replies on a 2-core CPU, more than any attack's row but the
-# idle connections' has, so the control's worst of as many replies is read off it for most rows.
+# The control's length at scale 1: about 950 replies on a 2-core CPU, as many as the flood's row; only the
+# idle connections' row has more (its control's worst of as many is then the control's worst).
 CONTROL_S = 30.0
 CONTROL_SUFFIX = "(control)"
 
