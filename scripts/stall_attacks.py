@@ -201,20 +201,11 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     earlier = [window for name, window in report.windows.items() if name not in names]
     if earlier:
         groups[f"the {len(earlier)} earlier kinds"] = earlier
-    control = [
-        got - sent
-        for name, (start, end) in report.windows.items()
-        if name.endswith(CONTROL_SUFFIX)
-        for sent, got, _ in report.healthy_times
-        if start <= got < end
-    ]
+    controls = [window for name, window in report.windows.items() if name.endswith(CONTROL_SUFFIX)]
+    control = [latency for latency, _ in _received(report, controls)]
     rows = []
     for name, windows in groups.items():
-        during = [
-            (got - sent, ok)
-            for sent, got, ok in report.healthy_times
-            if any(start <= got < end for start, end in windows)
-        ]
+        during = _received(report, windows)
         worst = max((latency for latency, _ in during), default=0.0)
         floor = control_worst(control, len(during))
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
@@ -234,6 +225,15 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
             }
         )
     return rows
+
+
+def _received(report: ProbeReport, windows: list[tuple[float, float]]) -> list[tuple[float, bool]]:
+    """(latency, unchanged) of each healthy reply received in one of `windows`, in the order sent."""
+    return [
+        (got - sent, ok)
+        for sent, got, ok in report.healthy_times
+        if any(start <= got < end for start, end in windows)
+    ]
 
 
 def control_worst(control: list[float], count: int) -> float | None:
