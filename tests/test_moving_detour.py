@@ -175,7 +175,7 @@ def test_a_longer_budget_holds_the_shorter_runs_episodes_cut_short():
     give the shorter run's success and collision rates exactly (what docs/rtc.md's budget curves rely on)."""
     policy = closed_loop.load_policy("pi05_detour_moving", None)
     common = dict(
-        execution="rtc", delay_steps=5, episodes=4, seed=0, execution_horizon=6, task="detour_moving"
+        execution="rtc", delay_steps=5, episodes=12, seed=0, execution_horizon=6, task="detour_moving"
     )
     long = closed_loop.evaluate(policy, max_steps=60, **common)
     short = closed_loop.evaluate(policy, **common)

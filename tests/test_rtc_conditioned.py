@@ -158,6 +158,54 @@ def test_clean_prefix_draw_covers_every_delay_up_to_the_maximum():
     assert counts[: MAX_CLEAN + 1].min() > 4000 / (MAX_CLEAN + 1) * 0.85  # ~uniform over 0..MAX_CLEAN
 
 
+def test_least_clean_prefix_raises_each_rows_draw_and_leaves_the_others_as_drawn():
+    """Rows with a least clean prefix draw d from it up to the maximum (one above it: the maximum); a batch
+    whose minimums are all 0 draws what a batch without them draws (trainings without the column are
+    unchanged)."""
+    rng = jax.random.key(0)
+    minimum = jnp.asarray(np.tile([0, 3, 5, 7], 1000), jnp.int32)
+    delays = np.asarray(loss.sample_clean_prefix(rng, 4000, 10, MAX_CLEAN, minimum)).sum(axis=1)
+    for least in (0, 3, 5, 7):
+        rows = delays[np.tile([0, 3, 5, 7], 1000) == least]
+        low = min(least, MAX_CLEAN)
+        assert rows.min() == low and rows.max() == MAX_CLEAN
+        assert set(np.unique(rows)) == set(range(low, MAX_CLEAN + 1))
+    zeros = loss.sample_clean_prefix(rng, 64, 10, MAX_CLEAN, jnp.zeros(64, jnp.int32))
+    np.testing.assert_array_equal(zeros, loss.sample_clean_prefix(rng, 64, 10, MAX_CLEAN))
+
+
+def test_batch_carries_each_examples_least_clean_prefix(train_arrays, conditioned_config):
+    batch = train_batch.batch_from_arrays(
+        {**train_arrays, "min_clean_prefix": np.array([2, 5])}, conditioned_config
+    )
+    np.testing.assert_array_equal(batch.min_clean_prefix, [2, 5])
+    assert train_batch.batch_from_arrays(train_arrays, conditioned_config).min_clean_prefix is None
+    with pytest.raises(ValueError, match="'min_clean_prefix': expected int"):
+        train_batch.batch_from_arrays(
+            {**train_arrays, "min_clean_prefix": np.array([2.0, 5.0])}, conditioned_config
+        )
+
+
+def test_flow_loss_never_trains_an_action_under_the_least_clean_prefix(
+    golden_params, conditioned_config, train_arrays
+):
+    """With every row's least clean prefix at the maximum, the loss does not depend on the noise under it,
+    whatever d the rng draws: those actions are only ever given, never taught."""
+    compute = jax.jit(loss.compute_loss, static_argnums=(1, 4))
+    actions_only = loss.LossConfig(text_loss_weight=0.0)
+    noise = train_arrays["noise"]
+    under = np.where((np.arange(10) < MAX_CLEAN)[None, :, None], noise[::-1] * 3, noise)
+    least = np.full(2, MAX_CLEAN)
+
+    def flow(noise, rng):
+        arrays = {**train_arrays, "noise": noise, "min_clean_prefix": least}
+        batch = train_batch.batch_from_arrays(arrays, conditioned_config)
+        return np.asarray(compute(golden_params, conditioned_config, batch, rng, actions_only).loss_flow)
+
+    for seed in range(3):
+        np.testing.assert_array_equal(flow(under, jax.random.key(seed)), flow(noise, jax.random.key(seed)))
+
+
 def test_flow_loss_trains_the_free_actions_given_the_clean_ones(
     golden_params, conditioned_config, train_arrays
 ):

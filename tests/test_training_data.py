@@ -138,6 +138,25 @@ def test_dataset_norm_stats_cover_state_and_every_chunk_step(demo_dataset):
     assert stats["actions"].q01.shape == (2,)
 
 
+def test_least_clean_prefix_column_reaches_each_example_and_batch(tmp_path):
+    """A dataset column named by `data.min_clean_prefix` gives each example its frame's value as an int."""
+    writer = LeRobotWriter(tmp_path / "stale", fps=10, robot_type="table")
+    scene = next(table_scenes.scenes(0))
+    for step in range(4):
+        writer.add_frame(
+            {**table_dataset.frame(scene, step), "stale": np.float32(3 - step)}, task=scene.prompt
+        )
+    writer.save_episode()
+    cfg = config.load_config("pi05_demo")
+    cfg.data.min_clean_prefix = "stale"
+    examples = from_config.train_examples(cfg, str(tmp_path / "stale"), None)
+    assert [int(examples.example(i)["min_clean_prefix"]) for i in range(4)] == [3, 2, 1, 0]
+    batch = next(examples.batches(4, prefetch_batches=0))
+    assert batch["min_clean_prefix"].dtype == np.int32 and sorted(batch["min_clean_prefix"]) == [0, 1, 2, 3]
+    cfg.data.min_clean_prefix = None
+    assert "min_clean_prefix" not in from_config.train_examples(cfg, str(tmp_path / "stale"), None).example(0)
+
+
 def test_missing_column_is_named(demo_dataset):
     root, _ = demo_dataset
     cfg = config.load_config("pi05_demo")

@@ -91,6 +91,9 @@ def data_defaults() -> ml_collections.ConfigDict:
     d.actions = "action"
     # Column of a per-frame subtask text trained as the language target; None: actions only.
     d.subtask = ml_collections.FieldReference(None, field_type=str)
+    # Column of a per-frame least clean prefix (actions the chunk holds that the frame must not teach, as a
+    # stale chunk's actions a robot executes while it waits: `training/loss.py`); None: every frame 0.
+    d.min_clean_prefix = ml_collections.FieldReference(None, field_type=str)
     # Share of train examples that carry their subtask text (the others train actions on the prompt alone).
     d.text_fraction = 1.0
     # Decode every image once up front instead of every epoch (small datasets).

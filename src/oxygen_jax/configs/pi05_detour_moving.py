@@ -2,14 +2,18 @@
 slides sideways behind the block, so a robot that stands still while a chunk is computed falls behind it.
 
 Trained as `pi05_detour_prefix` (clean prefix: real-time chunking by conditioning), from its shipped
-checkpoint, on `oxygen-make-demo-dataset --task=detour_moving` (recovery episodes included). Its trained
-checkpoint ships in the package (oxygen_jax/assets/pi05_detour_moving); `oxygen-eval-table
---config=pi05_detour_moving` runs it on the moving task (docs/rtc.md, "A world that moves").
+checkpoint, on `oxygen-make-demo-dataset --task=detour_moving` (recovery episodes included), 6000 steps;
+then 2000 more on that data plus the episodes of where that model's rtc robot went
+(`--rollouts_from`, `evaluation/rtc_rollouts.py`), whose stale actions each frame's least clean prefix
+covers (`data.min_clean_prefix`). The second checkpoint ships in the package
+(oxygen_jax/assets/pi05_detour_moving); `oxygen-eval-table --config=pi05_detour_moving` runs it on the
+moving task (docs/rtc.md, "A world that moves"; the recipe: docs/training.md).
 """
 
 import pathlib
 
 from oxygen_jax.configs import pi05_detour_prefix
+from oxygen_jax.table_task import detour_dataset
 
 
 def get_config():
@@ -17,6 +21,7 @@ def get_config():
     c.name = "pi05_detour_moving"
     c.table_task = "detour_moving"
     c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_detour_moving")
+    c.data.min_clean_prefix = detour_dataset.MIN_CLEAN_PREFIX
     c.training.num_train_steps = 6000
     c.training.decay_steps = 6000
     return c

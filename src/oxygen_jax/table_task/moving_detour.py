@@ -62,6 +62,21 @@ class MovingDetourScene:
         """[n + 1, 2] `detour.DetourScene.recovery_path`'s corners, then the pursuit of the cube."""
         return self._pursuit(self.still.recovery_waypoints(side, turn_y))
 
+    def pursuit_from(
+        self, gripper: np.ndarray, step: int, fast_steps: int = 0, max_steps: int = 200
+    ) -> np.ndarray:
+        """[n + 1, 2] the demonstrator's pursuit from `gripper` at `step` (a gripper below the block, where
+        nothing stands between it and the cube), the first `fast_steps` at `detour.MAX_MOVE`: a robot that
+        lost steps makes them up at its top speed."""
+        positions = [np.asarray(gripper, np.float32)]
+        for k in range(max_steps):
+            goal = self.goal_at(step + k + 1)
+            speed = detour.MAX_MOVE if k < fast_steps else detour.SPEED
+            positions.append(_pursue(positions[-1], [goal], speed)[0])
+            if np.array_equal(positions[-1], goal):
+                break
+        return np.stack(positions)
+
     def _pursuit(self, corners: np.ndarray, stalls: frozenset[int] = frozenset(), max_steps: int = 200):
         """Along `corners` (the first the start; the last, the cube at step 0, is left out) at
         `detour.SPEED` per step, then after the cube wherever it is when each step ends."""
@@ -78,10 +93,12 @@ class MovingDetourScene:
         return np.stack(positions)
 
 
-def _pursue(gripper: np.ndarray, targets: list[np.ndarray]) -> tuple[np.ndarray, int]:
-    """One step of `detour.SPEED` along `targets` in turn, carrying what is left over past a reached one;
-    the new position and how many targets it reached."""
-    budget = detour.SPEED
+def _pursue(
+    gripper: np.ndarray, targets: list[np.ndarray], speed: float = detour.SPEED
+) -> tuple[np.ndarray, int]:
+    """One step of `speed` along `targets` in turn, carrying what is left over past a reached one; the new
+    position and how many targets it reached."""
+    budget = speed
     for reached, target in enumerate(targets):
         move = target - gripper
         length = float(np.linalg.norm(move))

@@ -11,12 +11,17 @@ adds recovery episodes to them, a third of all (what `pi05_detour_prefix` is tra
 straight on past the point where the others turn, back beside the block); `--task=detour_moving` writes
 the moving detour task's, recovery ones included (what `pi05_detour_moving` is trained on: the cube
 slides sideways behind the block and the gripper pursues it, see oxygen_jax.table_task.moving_detour).
-No model is loaded: there is no default config.
+With `--rollouts_from=CKPT[,CKPT...]` (detour_moving only), each `pi05_detour_moving` checkpoint named runs
+real-time chunking on `--rollout_episodes` training scenes, and every request its robot made below the
+block adds an episode: the stale actions it executed while it waited, then the pursuit from there (see
+oxygen_jax.evaluation.rtc_rollouts; `shipped` names the packaged checkpoint). Without it no model is
+loaded: there is no default config.
 """
 
 from absl import flags
 
 from oxygen_jax import preflight
+from oxygen_jax.evaluation import closed_loop, rtc_rollouts
 from oxygen_jax.table_task import dataset, detour_dataset, scenes
 from oxygen_jax.tools import cli
 
@@ -40,17 +45,43 @@ _EPISODES = flags.DEFINE_integer(
     "episodes", None, "Episodes, one scene each (default: the task's shipped model's).", lower_bound=1
 )
 _SEED = flags.DEFINE_integer("seed", scenes.TRAIN_SEED, "Scene seed (held-out scenes use another).")
+_ROLLOUTS_FROM = flags.DEFINE_list(
+    "rollouts_from",
+    [],
+    "detour_moving: pi05_detour_moving checkpoints (or `shipped`) whose rtc rollouts add episodes; the k-th "
+    "runs the rollout scenes of seed k.",
+)
+_ROLLOUT_EPISODES = flags.DEFINE_integer(
+    "rollout_episodes", 600, "rtc episodes per checkpoint of --rollouts_from.", lower_bound=1
+)
+_ROLLOUT_CONFIG = "pi05_detour_moving"
 
 
 def main(_):
     default_episodes, record_dataset = _RECORDERS[_TASK.value]
     num_scenes = _EPISODES.value or default_episodes
+    if _ROLLOUTS_FROM.value and _TASK.value != "detour_moving":
+        cli.fail(f"--rollouts_from is for --task=detour_moving, not --task={_TASK.value}")
+    checkpoints = [None if name == "shipped" else name for name in _ROLLOUTS_FROM.value]
+    for checkpoint in checkpoints:
+        preflight.checkpoint(checkpoint)
     preflight.writable(_OUT.value, folder=True)
+    stale = [
+        (rollout.scene, *episode)
+        for seed, checkpoint in enumerate(checkpoints)
+        for rollout in rtc_rollouts.collect(
+            closed_loop.load_policy(_ROLLOUT_CONFIG, checkpoint), _ROLLOUT_EPISODES.value, seed
+        )
+        for episode in rtc_rollouts.stale_episodes(rollout)
+    ]
     try:
-        root = record_dataset(_OUT.value, num_scenes, _SEED.value)
+        if stale:
+            root = detour_dataset.record_moving_dataset(_OUT.value, num_scenes, _SEED.value, stale)
+        else:
+            root = record_dataset(_OUT.value, num_scenes, _SEED.value)
     except FileExistsError as error:
         cli.fail(str(error))
-    print(f"wrote {num_scenes} episodes to {root}")
+    print(f"wrote {num_scenes + len(stale)} episodes to {root} ({len(stale)} from rtc rollouts)")
 
 
 def run() -> None:

@@ -4,7 +4,8 @@ Keys of `batch_from_arrays` are the golden `train_io.npz` `in/...` names without
 `image/<cam>`, `image_mask/<cam>`, `tokenized_prompt`, `tokenized_prompt_mask` (as inference),
 `actions` [B, horizon, action_dim] (normalized, padded to the model's action_dim), optionally
 `token_loss_mask` [B, L] bool (the prompt tokens whose prediction the text loss trains; absent: none,
-the actions-only loss) and `noise` [B, horizon, action_dim] / `time` [B] to replace the draw from the
+the actions-only loss), `min_clean_prefix` [B] int (each example's least clean prefix, `training/loss.py`;
+absent: 0) and `noise` [B, horizon, action_dim] / `time` [B] to replace the draw from the
 step's rng (parity checks, `scripts/train.py --loss_on`).
 """
 
@@ -25,6 +26,7 @@ class TrainBatch:
     token_loss_mask: jax.Array
     noise: jax.Array | None = None
     time: jax.Array | None = None
+    min_clean_prefix: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -50,10 +52,16 @@ def batch_from_arrays(arrays: Mapping[str, np.ndarray], config: Pi05Config) -> T
         time = np.asarray(time)
         inputs.check_array("time", time, (batch,), "f", "float flow time [B] in (0, 1]")
         time = time.astype(np.float32)
+    min_clean_prefix = arrays.get("min_clean_prefix")
+    if min_clean_prefix is not None:
+        min_clean_prefix = np.asarray(min_clean_prefix)
+        inputs.check_array("min_clean_prefix", min_clean_prefix, (batch,), "i", "int [B]")
+        min_clean_prefix = min_clean_prefix.astype(np.int32)
     return TrainBatch(
         observation=obs,
         actions=actions.astype(np.float32),
         token_loss_mask=loss_mask,
         noise=noise,
         time=time,
+        min_clean_prefix=min_clean_prefix,
     )

@@ -23,7 +23,9 @@ fork draws them (so one key gives the same draw as upstream). Everything is a pu
 A model with `max_clean_prefix` = m > 0 learns to continue a chunk whose start is given (real-time
 chunking by conditioning, docs/rtc.md): each example draws d uniformly from 0..m (from its own stream of
 `rng`, so noise and time are drawn as above); its first d action tokens get the clean actions at time 0,
-and loss_flow averages over the other tokens only.
+and loss_flow averages over the other tokens only. A batch's `min_clean_prefix` [B] raises each example's
+least d (capped at m): a chunk whose first actions are a stale chunk's, executed while the robot waited,
+teaches how to continue them and never how to take them.
 """
 
 import dataclasses
@@ -68,11 +70,14 @@ def sample_noise_and_time(rng: jax.Array, action_shape: tuple[int, ...]) -> tupl
     return noise, time
 
 
-def sample_clean_prefix(rng: jax.Array, batch: int, horizon: int, max_clean_prefix: int) -> jax.Array:
-    """[B, H] bool: the first d ~ U{0..max_clean_prefix} tokens of each row (a stream of `rng` apart from
-    the noise and time draws)."""
+def sample_clean_prefix(
+    rng: jax.Array, batch: int, horizon: int, max_clean_prefix: int, minimum: jax.Array | None = None
+) -> jax.Array:
+    """[B, H] bool: the first d ~ U{minimum..max_clean_prefix} tokens of each row (minimum [B], default 0,
+    capped at max_clean_prefix; a stream of `rng` apart from the noise and time draws)."""
+    low = 0 if minimum is None else jnp.clip(minimum, 0, max_clean_prefix)
     delay = jax.random.randint(
-        jax.random.fold_in(rng, _CLEAN_PREFIX_STREAM), (batch,), 0, max_clean_prefix + 1
+        jax.random.fold_in(rng, _CLEAN_PREFIX_STREAM), (batch,), low, max_clean_prefix + 1
     )
     return jnp.arange(horizon)[None, :] < delay[:, None]
 
@@ -124,7 +129,9 @@ def compute_loss(
     if config.max_clean_prefix:
         if rng is None:
             raise ValueError("compute_loss needs an rng to draw the clean prefix of max_clean_prefix > 0")
-        clean = sample_clean_prefix(rng, batch.size, config.action_horizon, config.max_clean_prefix)
+        clean = sample_clean_prefix(
+            rng, batch.size, config.action_horizon, config.max_clean_prefix, batch.min_clean_prefix
+        )
         x_t = jnp.where(clean[..., None], batch.actions, x_t)
         v_t = pi05.predict_velocity(params, config, cache, x_t, jnp.where(clean, 0.0, time[:, None]))
         token_error = jnp.mean(jnp.square(v_t[..., :dims] - u_t[..., :dims]).astype(jnp.float32), axis=-1)

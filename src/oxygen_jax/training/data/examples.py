@@ -9,7 +9,7 @@ and `token_loss_mask` marks those tokens: the language loss is cross-entropy on 
 learns to say the subtask where serving asks it to speak (right after the prompt).
 
 Batches hold the model-level keys of `models.inputs` plus `actions` [B, H, action_dim] and
-`token_loss_mask` [B, L].
+`token_loss_mask` [B, L]; with a least-clean-prefix column, also `min_clean_prefix` [B] (`training/loss.py`).
 """
 
 import dataclasses
@@ -29,11 +29,13 @@ from oxygen_jax.training.data.prefetch import prefetch
 @dataclasses.dataclass(frozen=True)
 class Columns:
     """Which dataset columns feed the robot: `repack` maps raw observation keys (`observation/image`) to
-    columns (`observation.image`); `actions` is the action column; `subtask` an optional per-frame text."""
+    columns (`observation.image`); `actions` is the action column; `subtask` an optional per-frame text;
+    `min_clean_prefix` an optional per-frame count of the chunk's first actions the frame must not teach."""
 
     repack: Mapping[str, str]
     actions: str = "action"
     subtask: str | None = None
+    min_clean_prefix: str | None = None
 
 
 class FrameSource:
@@ -50,8 +52,7 @@ class FrameSource:
         self.columns = columns
         self.action_horizon = action_horizon
         names = [*columns.repack.values(), columns.actions, "task_index"]
-        if columns.subtask is not None:
-            names.append(columns.subtask)
+        names += [name for name in (columns.subtask, columns.min_clean_prefix) if name is not None]
         dataset.require(names)
         self._episodes = [
             dataset.read_episode(e, dict.fromkeys(names), decode_images=keep_decoded)
@@ -86,6 +87,8 @@ class FrameSource:
         raw["prompt"] = self.dataset.tasks[task_index]
         if self.columns.subtask is not None:
             raw["subtask"] = str(episode[self.columns.subtask][t])
+        if self.columns.min_clean_prefix is not None:
+            raw["min_clean_prefix"] = int(np.asarray(episode[self.columns.min_clean_prefix][t]).reshape(()))
         return raw
 
 
@@ -131,18 +134,20 @@ class TrainExamples:
 
     def robot_data(self, i: int) -> dict:
         """Frame `i` after the robot transforms only (what norm stats are computed on)."""
-        raw, _ = self._raw(i)
+        raw, _, _ = self._raw(i)
         return self.pipeline.data_inputs(raw)
 
-    def _raw(self, i: int) -> tuple[dict, str | None]:
-        """Frame `i` as the raw observation its robot sends (with `actions`), and its subtask text."""
+    def _raw(self, i: int) -> tuple[dict, str | None, int | None]:
+        """Frame `i` as the raw observation its robot sends (with `actions`), its subtask text and its least
+        clean prefix."""
         raw = self.source.frame(i)
         subtask = raw.pop("subtask", None)
-        return (self.raw_spec.nested(raw) if self.raw_spec else raw), subtask
+        min_clean_prefix = raw.pop("min_clean_prefix", None)
+        return (self.raw_spec.nested(raw) if self.raw_spec else raw), subtask, min_clean_prefix
 
     def example(self, i: int, *, with_text: bool = True) -> dict[str, np.ndarray]:
         """Frame `i` as model-level arrays; `with_text` appends its subtask (when the data has one)."""
-        raw, subtask = self._raw(i)
+        raw, subtask, min_clean_prefix = self._raw(i)
         data = traverse_util.flatten_dict(self.pipeline.inputs(raw), sep="/")
         out = {key: np.asarray(data[key]) for key in _model_keys(self.config)}
         ids, mask = out["tokenized_prompt"].astype(np.int32), out["tokenized_prompt_mask"].astype(bool)
@@ -162,6 +167,7 @@ class TrainExamples:
             "token_loss_mask": loss_mask,
             "state": np.asarray(out["state"], np.float32),
             "actions": actions,
+            **({} if min_clean_prefix is None else {"min_clean_prefix": np.int32(min_clean_prefix)}),
         }
 
     def batches(

@@ -12,7 +12,8 @@ from oxygen_jax.training.data.norm_stats import compute_norm_stats
 
 
 def columns(cfg) -> Columns:
-    """`cfg.data.repack` ("raw_key=column" pairs), `cfg.data.actions` and `cfg.data.subtask` (or None)."""
+    """`cfg.data.repack` ("raw_key=column" pairs), `cfg.data.actions`, and `cfg.data.subtask` and
+    `cfg.data.min_clean_prefix` (or None)."""
     if not cfg.data.repack:
         raise ConfigError(
             f"config {cfg.name!r} names no dataset columns: set data.repack ('raw_key=column' pairs) and "
@@ -21,7 +22,12 @@ def columns(cfg) -> Columns:
     pairs = [entry.split("=", 1) for entry in cfg.data.repack]
     if any(len(pair) != 2 for pair in pairs):
         raise ValueError(f"config data.repack entries must be 'raw_key=column', got {list(cfg.data.repack)}")
-    return Columns(repack=dict(pairs), actions=cfg.data.actions, subtask=cfg.data.subtask)
+    return Columns(
+        repack=dict(pairs),
+        actions=cfg.data.actions,
+        subtask=cfg.data.subtask,
+        min_clean_prefix=cfg.data.min_clean_prefix,
+    )
 
 
 def train_examples(cfg, dataset_dir: str, norm_stats: Mapping[str, NormStats] | None) -> TrainExamples:
