@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from oxygen_jax import config
+from oxygen_jax.errors import ConfigError
 from oxygen_jax.lerobot.reader import DatasetError, LeRobotDataset
 from oxygen_jax.lerobot.writer import LeRobotWriter
 from oxygen_jax.policies import normalization
@@ -149,6 +150,9 @@ def test_least_clean_prefix_column_reaches_each_example_and_batch(tmp_path):
     writer.save_episode()
     cfg = config.load_config("pi05_demo")
     cfg.data.min_clean_prefix = "stale"
+    with pytest.raises(ConfigError, match=r"sets data.min_clean_prefix but trains no clean prefix"):
+        from_config.train_examples(cfg, str(tmp_path / "stale"), None)
+    cfg.model.max_clean_prefix = 5
     examples = from_config.train_examples(cfg, str(tmp_path / "stale"), None)
     assert [int(examples.example(i)["min_clean_prefix"]) for i in range(4)] == [3, 2, 1, 0]
     batch = next(examples.batches(4, prefetch_batches=0))

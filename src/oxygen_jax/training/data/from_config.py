@@ -19,6 +19,11 @@ def columns(cfg) -> Columns:
             f"config {cfg.name!r} names no dataset columns: set data.repack ('raw_key=column' pairs) and "
             "data.actions to train on a dataset"
         )
+    if cfg.data.min_clean_prefix is not None and not cfg.model.max_clean_prefix:
+        raise ConfigError(
+            f"config {cfg.name!r} sets data.min_clean_prefix but trains no clean prefix "
+            "(model.max_clean_prefix = 0): the actions it names would be taught; set model.max_clean_prefix"
+        )
     pairs = [entry.split("=", 1) for entry in cfg.data.repack]
     if any(len(pair) != 2 for pair in pairs):
         raise ValueError(f"config data.repack entries must be 'raw_key=column', got {list(cfg.data.repack)}")
