@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import SCRIPTS
 
+from oxygen_jax import config
 from oxygen_jax.evaluation import closed_loop, rtc_rollouts
 from oxygen_jax.table_task import detour, detour_dataset, moving_detour
 
@@ -72,6 +73,11 @@ def test_stale_episodes_are_written_with_their_least_clean_prefix(tmp_path):
     np.testing.assert_allclose(states[: len(path)], path, atol=1e-6)
     # The hold frames follow the cube from where the path caught it.
     np.testing.assert_allclose(states[-1], scene.goal_at(step + len(states) - 1), atol=1e-6)
+
+
+def test_the_moving_config_trains_with_the_column_its_datasets_carry():
+    cfg = config.load_config("pi05_detour_moving")
+    assert cfg.data.min_clean_prefix == detour_dataset.MIN_CLEAN_PREFIX and cfg.model.max_clean_prefix == 5
 
 
 def test_only_the_moving_task_takes_stale_episodes(tmp_path):

@@ -13,7 +13,6 @@ moving task (docs/rtc.md, "A world that moves"; the recipe: docs/training.md).
 import pathlib
 
 from oxygen_jax.configs import pi05_detour_prefix
-from oxygen_jax.table_task import detour_dataset
 
 
 def get_config():
@@ -21,7 +20,7 @@ def get_config():
     c.name = "pi05_detour_moving"
     c.table_task = "detour_moving"
     c.checkpoint_dir = str(pathlib.Path(__file__).resolve().parents[1] / "assets" / "pi05_detour_moving")
-    c.data.min_clean_prefix = detour_dataset.MIN_CLEAN_PREFIX
+    c.data.min_clean_prefix = "min_clean_prefix"  # the column the moving task's datasets carry
     c.training.num_train_steps = 6000
     c.training.decay_steps = 6000
     return c
