@@ -4,8 +4,9 @@ Each is sized by `scale` (1: the recorded figures' sizes; tests pass less):
 - `rtc control_hz inf after a chunk` and `1x5000x3 image`: inputs that used to be server faults;
 - `4 x 15 MB requests pipelined, never read`: four connections each send requests of 15 MB back to back and
   never read a reply (the server's memory must stay bounded by its byte limits, not its frame counts);
-- `flood of tiny bad messages`: one connection sends undecodable bytes as fast as it can (rate-limited and
-  logged once per interval: the server's log must not grow with it);
+- `flood of tiny bad messages`: a client sends undecodable bytes as fast as it can, connecting again each
+  time the server closes it (rate-limited, closed, then refused at the handshake, and logged once per
+  interval: the server's log must not grow with it);
 - `wrong API keys`: one address guesses keys as fast as it can (throttled to a few a second);
 - `300 handshakes at once`: a burst of new robots (admitted at a bounded rate, so served robots keep
   their pace);
@@ -115,49 +116,81 @@ class _Counts:
 
 
 def _flood(message: bytes, seconds: float, log: pathlib.Path | None) -> Attack:
-    """One connection sends `message` as fast as it can for `seconds` while reading whatever comes back."""
+    """One client sends `message` as fast as it can for `seconds` while reading whatever comes back; a
+    connection the server closes is opened again at once (a handshake refused, tried again), as a
+    determined attacker would. Then it waits until the address may connect again (the server throttles an
+    address whose floods it closed), so the attacks after it start from a clean slate."""
 
     def run(url: str, headers: Headers) -> Outcome:
         counts = _Counts()
+        connections, closed, turned_away = 0, 0, 0
         log_before = _size(log)
-        with connect(url, headers) as websocket:
-            websocket.recv(timeout=30)  # metadata
-            done = threading.Event()
-
-            def read() -> None:
-                try:
-                    while not done.is_set() or counts.refused + counts.other < counts.sent:
-                        reply = websocket.recv(timeout=5)
-                        if isinstance(reply, str) and reply.startswith(("Bad request", "Too many")):
-                            counts.refused += 1
-                        else:
-                            counts.other += 1
-                except (TimeoutError, ConnectionClosed):
-                    pass
-
-            reader = threading.Thread(target=read, daemon=True)
-            reader.start()
-            began = time.perf_counter()
+        began = time.perf_counter()
+        while time.perf_counter() - began < seconds:
             try:
-                while time.perf_counter() - began < seconds:
-                    websocket.send(message)
-                    counts.sent += 1
-            except ConnectionClosed:
-                pass
-            took = time.perf_counter() - began
-            done.set()
-            reader.join(timeout=15)
+                websocket = connect(url, headers)
+            except InvalidStatus:
+                turned_away += 1
+                continue
+            connections += 1
+            closed += _flood_one(websocket, message, began + seconds, counts)
+        took = time.perf_counter() - began
+        waited = _wait_until_admitted(url, headers)
         grown = _size(log) - log_before if log else None
         per_minute = "" if grown is None else f"; server log +{grown / 1e3:.1f} kB"
         per_minute += "" if grown is None else f" ({grown / took * 60 / MB:.3f} MB/min)"
         kind = "refused" if counts.other == 0 else "answered"
         return Outcome(
             kind,
-            f"{counts.sent} sent in {took:.1f} s ({counts.sent / took:.0f}/s), {counts.refused} refused, "
-            f"{counts.other} other replies{per_minute}",
+            f"{counts.sent} sent in {took:.1f} s ({counts.sent / took:.0f}/s) over {connections} connections "
+            f"({closed} closed by the server for flooding, {turned_away} handshakes refused; admitted again "
+            f"{waited:.1f} s later), {counts.refused} refused, {counts.other} other replies{per_minute}",
         )
 
     return run
+
+
+def _flood_one(websocket: Any, message: bytes, until: float, counts: "_Counts") -> bool:
+    """Floods one connection until `until` or its close; whether the server closed it."""
+    with websocket:
+        websocket.recv(timeout=30)  # metadata
+        done = threading.Event()
+
+        def read() -> None:
+            try:
+                while not done.is_set() or counts.refused + counts.other < counts.sent:
+                    reply = websocket.recv(timeout=5)
+                    if isinstance(reply, str) and reply.startswith(("Bad request", "Too many")):
+                        counts.refused += 1
+                    else:
+                        counts.other += 1
+            except (TimeoutError, ConnectionClosed):
+                pass
+
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
+        closed = False
+        try:
+            while time.perf_counter() < until:
+                websocket.send(message)
+                counts.sent += 1
+        except ConnectionClosed:
+            closed = True
+        done.set()
+        reader.join(timeout=15)
+    return closed
+
+
+def _wait_until_admitted(url: str, headers: Headers, timeout_s: float = 30.0) -> float:
+    """Seconds until a robot connection from this address is admitted again (tried twice a second)."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < timeout_s:
+        try:
+            connect(url, headers).close()
+            break
+        except InvalidStatus:
+            time.sleep(0.5)
+    return time.perf_counter() - began
 
 
 def _size(path: pathlib.Path | None) -> int:

@@ -12,16 +12,22 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import OPENPI_CLIENT_WARNING, metric_samples, raw_observation, serve_script, websocket
+from conftest import OPENPI_CLIENT_WARNING, http_get, metric_samples, raw_observation, serve_script, websocket
 from test_serving_hardening import STATE, StreamingBackend, ask, robot
 from websockets.asyncio.connection import Connection as ServerConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
 from oxygen_jax.serving import msgpack_numpy, policy_backend, websocket_server
-from oxygen_jax.serving.flow_control import FailedKeys, ReadBudget
+from oxygen_jax.serving.flow_control import AddressThrottle, ReadBudget
 from oxygen_jax.serving.metrics import ServerMetrics
-from oxygen_jax.serving.websocket_server import FRAME_CHARGE, PARSE_SLICE, BackgroundServer, ServerLimits
+from oxygen_jax.serving.websocket_server import (
+    FLOOD_BACKLOG,
+    FRAME_CHARGE,
+    FRAMES_PER_TURN,
+    BackgroundServer,
+    ServerLimits,
+)
 
 pytestmark = [pytest.mark.timeout(60), OPENPI_CLIENT_WARNING]
 SERVER_LOGGER = "oxygen_jax.serving.websocket_server"
@@ -83,22 +89,34 @@ def test_each_frame_counts_its_objects_so_tiny_frames_are_bounded_too():
         connection.recv(timeout=10)
 
 
-def test_a_read_full_of_tiny_frames_is_parsed_a_slice_per_turn_and_every_request_answered(monkeypatch):
-    """One write of 4000 small requests (~200 kB: a few socket reads) reaches websockets' parser at most
-    `PARSE_SLICE` bytes at a time, so parsing one read never holds the event loop for long; nothing is
-    lost or reordered, and a robot beside it is served meanwhile."""
-    handed: list[int] = []
-    parse = ServerConnection.data_received
+def frames_per_parse(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records, for each piece of a read handed to websockets' parser, how many frames it parsed."""
+    counts: list[int] = []
+    parse, process = ServerConnection.data_received, ServerConnection.process_event
 
-    def counted(connection: Any, data: bytes) -> None:
-        handed.append(len(data))
+    def counted_parse(connection: Any, data: bytes) -> None:
+        counts.append(0)
         parse(connection, data)
 
-    monkeypatch.setattr(ServerConnection, "data_received", counted)
-    frames = b"".join(
-        Frame(Opcode.BINARY, msgpack_numpy.packb({"state": STATE + i})).serialize(mask=True, extensions=[])
-        for i in range(4000)
-    )
+    def counted_event(connection: Any, event: Any) -> None:
+        counts[-1] += isinstance(event, Frame)
+        process(connection, event)
+
+    monkeypatch.setattr(ServerConnection, "data_received", counted_parse)
+    monkeypatch.setattr(ServerConnection, "process_event", counted_event)
+    return counts
+
+
+def tiny_frames(payloads: list[bytes]) -> bytes:
+    return b"".join(Frame(Opcode.BINARY, p).serialize(mask=True, extensions=[]) for p in payloads)
+
+
+def test_a_read_full_of_tiny_frames_is_parsed_a_few_frames_per_turn_and_every_request_answered(monkeypatch):
+    """One write of 4000 small requests (~270 kB: a few socket reads) reaches websockets' parser about
+    `FRAMES_PER_TURN` frames per turn of the event loop, so parsing one read never holds the loop for
+    long; nothing is lost or reordered, and a robot beside it is served meanwhile."""
+    counts = frames_per_parse(monkeypatch)
+    frames = tiny_frames([msgpack_numpy.packb({"state": STATE + i}) for i in range(4000)])
     with served(max_requests_per_s=None) as running, robot(running.port) as hog, robot(running.port) as other:
         hog.socket.sendall(frames)
         np.testing.assert_array_equal(ask(other, {"state": STATE})["actions"], STATE * 3)
@@ -106,8 +124,83 @@ def test_a_read_full_of_tiny_frames_is_parsed_a_slice_per_turn_and_every_request
             np.testing.assert_array_equal(
                 msgpack_numpy.unpackb(hog.recv(timeout=10))["actions"], (STATE + i) * 3
             )
-    assert max(handed) <= PARSE_SLICE
-    assert sum(size == PARSE_SLICE for size in handed) >= len(frames) // PARSE_SLICE - 1
+    assert sum(counts) >= 4001
+    assert max(counts) <= FRAMES_PER_TURN + 1  # a slice may end a frame the one before began
+
+
+def test_pipelined_tiny_requests_are_parsed_only_as_fast_as_they_are_served(monkeypatch):
+    """20,000 small requests (1 MB, more than one socket read) sent at once on a connection under its
+    rate, each served in 10 ms: past the read budget (0.1 MB, ~95 of them) the rest of a read waits
+    unparsed, so in 1 s the server has parsed about what it served plus the budget, not the thousands one
+    socket read holds; a robot beside it is served throughout."""
+    counts = frames_per_parse(monkeypatch)
+    request = msgpack_numpy.packb({"state": STATE, "sleep_s": 0.01})
+    with (
+        served(max_requests_per_s=None, max_pending_mb=0.1) as running,
+        robot(running.port) as hog,
+        robot(running.port) as other,
+    ):
+        sender = threading.Thread(target=lambda: hog.socket.sendall(tiny_frames([request] * 20_000)))
+        sender.daemon = True  # blocked on a full socket buffer until the server closes it
+        sender.start()
+        deadline, asked = time.monotonic() + 1.0, 0
+        while time.monotonic() < deadline:
+            np.testing.assert_array_equal(ask(other, {"state": STATE})["actions"], STATE * 3)
+            asked += 1
+        parsed = sum(counts) - asked  # the hog's frames
+        pending = metric(running.port, "oxygen_pending_request_bytes")
+    budget = int(0.1 * 2**20) // (len(request) + FRAME_CHARGE)
+    # at most one of the hog's requests per 10 ms was served
+    assert parsed <= 100 + budget + 2 * FRAMES_PER_TURN, parsed
+    assert pending <= 0.1 * 2**20 + (FRAMES_PER_TURN + 1) * (len(request) + FRAME_CHARGE)
+
+
+def test_a_connection_that_floods_past_its_rate_is_closed_and_a_robot_beside_it_served(caplog):
+    """A client sends one-byte bad messages as fast as it can, at 100 requests a second: once
+    `FLOOD_BACKLOG` of them wait unread past the rate, the connection is closed with 1008 and its reason,
+    which stops the sender (whose CPU the server's other robots would otherwise share); counted and logged
+    once, and a robot beside it is served."""
+    caplog.set_level(logging.INFO, SERVER_LOGGER)
+    with (
+        served(max_requests_per_s=100) as running,
+        robot(running.port) as flood,
+        robot(running.port) as other,
+    ):
+        began, sent = time.monotonic(), 0
+        with pytest.raises(ConnectionClosed) as closed:
+            while time.monotonic() - began < 5:
+                flood.send(b"\xc1")
+                sent += 1
+        assert time.monotonic() - began < 2, sent
+        assert closed.value.rcvd.code == 1008
+        reason = f"Too many requests: at most 100 a second on one connection, {FLOOD_BACKLOG} more waiting"
+        assert closed.value.rcvd.reason == reason
+        np.testing.assert_array_equal(ask(other, {"state": STATE})["actions"], STATE * 3)
+        assert metric(running.port, "oxygen_refusals_total", reason="flood") == 1
+    assert log_lines(caplog, "more waiting") == 1  # the close, once
+
+
+def flood_until_closed(connection: Any) -> tuple[int, str]:
+    with pytest.raises(ConnectionClosed) as closed:
+        for _ in range(100_000):
+            connection.send(b"\xc1")
+    return closed.value.rcvd.code, closed.value.rcvd.reason
+
+
+def test_an_address_that_keeps_flooding_is_refused_at_the_handshake(monkeypatch):
+    """Past `FLOOD_BURST` connections closed for flooding, the address's next robot connection gets HTTP
+    429 with its reason (a flood that reconnects costs a refusal, not a handshake and a flood); /healthz
+    stays open to it."""
+    monkeypatch.setattr(websocket_server, "FLOOD_BURST", 2)
+    with served(max_requests_per_s=100) as running:
+        for _ in range(2):
+            with robot(running.port) as flood:
+                assert flood_until_closed(flood)[0] == 1008
+        with pytest.raises(InvalidStatus) as refused:
+            websocket(running.port)
+        assert refused.value.response.status_code == 429
+        assert refused.value.response.body == (websocket_server.FLOODS_THROTTLED + "\n").encode()
+        assert http_get(running.port, "/healthz")[0] == 200
 
 
 def test_settle_heap_leaves_full_collections_only_what_came_after():
@@ -408,10 +501,10 @@ class FakeReader:
 
 
 def test_failed_keys_throttle_an_address_after_its_burst_until_it_refills():
-    keys = FailedKeys(rate=20.0, burst=3)
+    keys = AddressThrottle(rate=20.0, burst=3)
     for _ in range(3):
         assert not keys.throttled("a")
-        keys.failed("a")
+        keys.offended("a")
     assert keys.throttled("a") and not keys.throttled("b")  # one address's failures are its own
     time.sleep(0.06)  # 20 a second: one failure refilled
     assert not keys.throttled("a")

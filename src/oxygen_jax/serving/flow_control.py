@@ -6,7 +6,8 @@ handshake rates, and log lines (`websocket_server` applies them).
   (TCP pushes back on the client) until its requests are answered; a connection with nothing pending is
   never paused, so a robot that waits for each reply is never slowed by others' backlog.
 - `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes).
-- `FailedKeys`: failed API keys per client address (the server's handshakes and a fleet's ingress).
+- `AddressThrottle`: offences per client address (failed API keys at the server's handshakes and a fleet's
+  ingress, connections closed for flooding), past a burst refused unchecked.
 - `LogThrottle`: the first line of a kind per key and interval, then one line that counts the rest, so a
   client repeating a fault cannot flood the log.
 """
@@ -100,10 +101,10 @@ class TokenBucket:
         return self._tokens
 
 
-class FailedKeys:
-    """Failed API keys per client address: `burst` at once, then `rate` a second; past that the address is
-    throttled (its keys are not even compared) until its bucket refills. Addresses whose failures lie far
-    enough back are forgotten, so the table stays small."""
+class AddressThrottle:
+    """Offences per client address (a failed API key, a flood): `burst` at once, then `rate` a second; past
+    that the address is throttled (its connections refused unchecked) until its bucket refills. Addresses
+    whose offences lie far enough back are forgotten, so the table stays small."""
 
     def __init__(self, rate: float, burst: float) -> None:
         self.rate = rate
@@ -114,7 +115,7 @@ class FailedKeys:
         bucket = self._buckets.get(address)
         return bucket is not None and bucket.tokens < 1
 
-    def failed(self, address: str) -> None:
+    def offended(self, address: str) -> None:
         bucket = self._buckets.get(address)
         if bucket is None:
             for known in [known for known, old in self._buckets.items() if old.tokens >= self.burst]:

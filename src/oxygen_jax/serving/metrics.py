@@ -95,8 +95,8 @@ class ServerMetrics:
         self.errors = Counter("oxygen_errors", "Requests answered with an error, by kind.", ["kind"], **kw)
         self.refusals = Counter(
             "oxygen_refusals",
-            "Requests and connections refused before any work, by reason (rate_limit, draining, api_key, "
-            "api_key_throttled, connection, slow_reader).",
+            "Requests and connections refused before any work, by reason (rate_limit, flood, "
+            "flood_throttled, draining, api_key, api_key_throttled, connection, slow_reader).",
             ["reason"],
             **kw,
         )

@@ -41,7 +41,7 @@ from ray import serve
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import relay, tickets
-from oxygen_jax.serving.flow_control import FailedKeys
+from oxygen_jax.serving.flow_control import AddressThrottle
 from oxygen_jax.serving.policy_backend import settle_heap
 from oxygen_jax.serving.server_config import ServerConfig
 from oxygen_jax.serving.websocket_server import (
@@ -179,7 +179,7 @@ class ServerReplica:
 
     def __init__(self, server: ServerConfig, relay_robots: bool = False) -> None:
         self._api_key = server.limits.api_key
-        self._failed_keys = FailedKeys(FAILED_KEY_RATE, FAILED_KEY_BURST)  # this ingress's, per address
+        self._failed_keys = AddressThrottle(FAILED_KEY_RATE, FAILED_KEY_BURST)  # this ingress's, per address
         self._relay_robots = relay_robots
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._backend = server.build_backend(replica_id=self.replica_id)
@@ -226,7 +226,7 @@ class ServerReplica:
             await client.send_denial_response(PlainTextResponse(KEYS_THROTTLED + "\n", status_code=429))
             return
         if key is not None and not tickets.header_carries_key(client.headers.getlist("authorization"), key):
-            self._failed_keys.failed(address)
+            self._failed_keys.offended(address)
             unauthorized = f"Unauthorized: send {tickets.AUTH_HEADER}\n"
             await client.send_denial_response(PlainTextResponse(unauthorized, status_code=401))
             return

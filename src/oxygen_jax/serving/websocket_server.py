@@ -46,12 +46,15 @@ No client can stall or lock out the others (`ServerLimits`):
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
   either, reading pauses and TCP pushes back, but a connection with nothing pending is always read; each
   frame counts ``FRAME_CHARGE`` bytes more than its payload, so a flood of tiny frames is bounded too;
-  a socket read reaches websockets' parser ``PARSE_SLICE`` bytes per turn of the event loop, so a read
-  full of tiny frames does not hold the loop);
+  a socket read reaches websockets' parser a slice per turn of the event loop, about ``FRAMES_PER_TURN``
+  frames' worth and at most ``PARSE_SLICE`` bytes, and none past the budget, so a read full of tiny frames
+  neither holds the loop nor is parsed faster than it is served);
   requests per connection and second (``max_requests_per_s``, a bad request counting
   ``BAD_REQUEST_COST``; past it a request is refused unread and the connection is not read again until
   the rate allows one more, so a flood costs the server at most twice that rate in messages, and a flood
-  of bad requests a fifth of it);
+  of bad requests a fifth of it; a connection over its rate with ``FLOOD_BACKLOG`` requests waiting is
+  closed with 1008, and an address with ``FLOOD_BURST`` such closes gets HTTP 429 at the handshake until
+  ``FLOOD_RATE`` lets it in again);
   handshakes per second (``max_handshakes_per_s``, admitted ``HANDSHAKE_BURST_S`` of a second's worth at
   once; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
@@ -95,7 +98,7 @@ from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import metrics, msgpack_numpy
-from oxygen_jax.serving.flow_control import FailedKeys, LogThrottle, ReadBudget, TokenBucket
+from oxygen_jax.serving.flow_control import AddressThrottle, LogThrottle, ReadBudget, TokenBucket
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 from oxygen_jax.serving.tickets import AUTH_HEADER, TICKET_PARAM, header_carries_key
 from oxygen_jax.serving.tickets import valid as valid_ticket
@@ -138,15 +141,28 @@ ROBOT, TEXT = "robot", "text"
 # count as received before it; and a draining server waits this long, after a connection's last byte,
 # for the rest of a request it owes.
 DRAIN_GRACE_S = 0.2
-# What each frame received counts in the read budget beyond its payload (the frame's own objects), so
-# that tiny frames cannot queue up in their millions under a byte bound.
-FRAME_CHARGE = 1024
+# What each frame received counts in the read budget beyond its payload (the frame's objects, and the
+# work of parsing it), so that tiny frames cannot queue up in their thousands under a byte bound: at most
+# 256 under the default 4 MiB.
+FRAME_CHARGE = 16 * 1024
 # Bytes of one read handed to websockets' parser per turn of the event loop: a read may hold 256 KiB of
-# tiny frames, whose parsing at once would hold the loop (and the GIL) for ~0.1 s.
+# tiny frames, whose parsing at once would hold the loop (and the GIL) for ~0.1 s. A connection's slice
+# starts at `MIN_PARSE_SLICE` and doubles up to `PARSE_SLICE` while its slices hold few frames; one that
+# held more than `FRAMES_PER_TURN` shrinks the next to hold about that many (a frame costs the loop
+# 3-8 us on a 2-core CPU, so a turn parses at most ~0.5 ms of them).
 PARSE_SLICE = 16 * 1024
+MIN_PARSE_SLICE = 512
+FRAMES_PER_TURN = 64
 # What a bad request costs under `max_requests_per_s`, in requests: robots rarely send one, a flood of them
 # is the cheapest attack, and each costs the event loop (and the runtime thread, through the GIL).
 BAD_REQUEST_COST = 10
+# Requests a connection may have waiting unread while it is over its rate: past this many it is closed
+# (1008). A robot waits for each reply (it has at most one waiting), and a flood keeps sending whatever it
+# is told; closing it stops the flood at its source, which a shared machine's other clients feel as CPU.
+FLOOD_BACKLOG = 64
+# How long a flood's close waits for the client's closing handshake: its reply sits behind the flood's
+# unread frames, which are not read again.
+FLOOD_CLOSE_S = 0.5
 # Text events a subscriber may leave unread before it is closed.
 MAX_UNSENT_EVENTS = 1024
 # A bad request's line quotes at most this much of the problem.
@@ -156,6 +172,10 @@ LOG_INTERVAL_S = 10.0
 # Failed API keys one address may try in a burst, then one a second; past that HTTP 429 without a check.
 FAILED_KEY_BURST, FAILED_KEY_RATE = 10, 1.0
 KEYS_THROTTLED = "Too many failed API keys from this address: retry later"
+# Connections one address may have closed for flooding in a burst, then one per 10 s; past that its
+# robot connections get HTTP 429 (a flood that reconnects would otherwise cost a handshake each time).
+FLOOD_BURST, FLOOD_RATE = 3, 0.1
+FLOODS_THROTTLED = "Too many connections closed for flooding from this address: retry later"
 # Longest a handshake waits for its turn under `max_handshakes_per_s` before it is refused (HTTP 503).
 MAX_HANDSHAKE_WAIT_S = 5.0
 # New connections admitted at once: this much of a second's rate (5 at 100 a second; at least 1). A
@@ -380,28 +400,32 @@ class _Connection(ServerConnection):
         super().__init__(*args, **kwargs)
         self.unread_sizes: collections.deque[int] = collections.deque()  # whole messages, oldest first
         self._partial = 0  # bytes of the fragments of the message being received
-        self._unparsed = bytearray()  # the rest of a read, parsed `PARSE_SLICE` at a time
+        self._unparsed = bytearray()  # the rest of a read, parsed a slice at a time
+        self._slice = MIN_PARSE_SLICE  # bytes parsed per turn, from the frames per byte seen so far
+        self._frames_parsed = 0
         self._budget_paused = False
 
     def data_received(self, data: bytes) -> None:
         self.last_data = time.monotonic()
-        if not self._unparsed and len(data) <= PARSE_SLICE:
-            super().data_received(data)
-            return
         self._unparsed += data
         if len(self._unparsed) == len(data):  # no slice scheduled yet
             self._parse_slice()
 
     def _parse_slice(self) -> None:
         """Parses the next slice of the read; while any is left, reading pauses and the rest waits for the
-        loop's next turn, so other connections are served in between."""
+        loop's next turn, so other connections are served in between. Past the read budget the rest also
+        waits until the handler has taken enough (`resume_reading`): a read of tiny frames is parsed only
+        as fast as its requests are served, not all at once into a queue the connection could never
+        clear."""
         if self.transport.is_closing():
             self._unparsed.clear()
             return
-        piece = bytes(self._unparsed[:PARSE_SLICE])
-        del self._unparsed[:PARSE_SLICE]
+        piece = bytes(self._unparsed[: self._slice])
+        del self._unparsed[: self._slice]
+        self._frames_parsed = 0
         super().data_received(piece)
-        if self._unparsed:
+        self._slice = _next_slice(self._slice, len(piece), self._frames_parsed)
+        if self._unparsed and not self._budget_paused:
             self.loop.call_soon(self._parse_slice)
         self._apply_pause()
 
@@ -414,6 +438,7 @@ class _Connection(ServerConnection):
         super().process_event(event)
         if not isinstance(event, Frame):
             return
+        self._frames_parsed += 1
         self.last_frame = self.last_data
         if event.opcode in DATA_OPCODES:
             charge = len(event.data) + FRAME_CHARGE
@@ -446,12 +471,20 @@ class _Connection(ServerConnection):
             self.budget = None
             self.unread_sizes.clear()
 
+    def read_until_closed(self) -> None:
+        """The server is closing it: from now on what it sends is read, uncounted, so that its closing
+        handshake gets through however much it had pending (else the close would wait out its timeout)."""
+        self.leave_budget()
+        self.resume_reading()
+
     def pause_reading(self) -> None:
         self._budget_paused = True
         self._apply_pause()
 
     def resume_reading(self) -> None:
-        self._budget_paused = False
+        was_paused, self._budget_paused = self._budget_paused, False
+        if was_paused and self._unparsed:  # the rest of its read waited for this (no slice is scheduled)
+            self.loop.call_soon(self._parse_slice)
         self._apply_pause()
 
     def _apply_pause(self) -> None:
@@ -481,7 +514,8 @@ class _ConnectionHandler:
         self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
         rate = limits.max_handshakes_per_s
         self._handshakes = None if rate is None else TokenBucket(rate, max(1.0, rate * HANDSHAKE_BURST_S))
-        self._failed_keys = FailedKeys(FAILED_KEY_RATE, FAILED_KEY_BURST)
+        self._failed_keys = AddressThrottle(FAILED_KEY_RATE, FAILED_KEY_BURST)
+        self._floods = AddressThrottle(FLOOD_RATE, FLOOD_BURST)
         self._log = LogThrottle(logger, LOG_INTERVAL_S)
         served_metrics = metrics.of(backend)
         if served_metrics is not None:
@@ -514,14 +548,18 @@ class _ConnectionHandler:
                 websocket.transport.abort()  # a client that does not answer the closing handshake
 
     async def admit(self, connection: ServerConnection, request: Request) -> Response | None:
-        """The handshake hook: health and readiness, the API key (failed ones throttled per address),
-        then a slot of the connection's kind (robot or `/text`) within its cap and the per-address cap, at
-        most `max_handshakes_per_s` (a handshake waits its turn); refusals are one-line HTTP answers."""
+        """The handshake hook: health and readiness, an address closed for flooding too often (HTTP 429),
+        the API key (failed ones throttled per address), then a slot of the connection's kind (robot or
+        `/text`) within its cap and the per-address cap, at most `max_handshakes_per_s` (a handshake waits
+        its turn); refusals are one-line HTTP answers."""
         path = urllib.parse.urlsplit(request.path).path
         if path == "/healthz":
             return connection.respond(http.HTTPStatus.OK, "OK\n")
         if path == "/readyz":
             return self._readiness(connection)
+        if self._floods.throttled(_address(connection)):
+            self._refused(connection, "flood_throttled", FLOODS_THROTTLED)
+            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, FLOODS_THROTTLED + "\n")
         key_refusal = self._key_refusal(connection, request)
         if key_refusal is not None:
             return key_refusal
@@ -550,7 +588,7 @@ class _ConnectionHandler:
             return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, KEYS_THROTTLED + "\n")
         if self._authorized(request):
             return None
-        self._failed_keys.failed(address)
+        self._failed_keys.offended(address)
         self._refused(connection, "api_key", "no valid API key")
         return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
 
@@ -672,6 +710,9 @@ class _ConnectionHandler:
                 try:
                     if bucket is not None and not bucket.take():
                         detail = f"Too many requests: at most {rate:g} a second on one connection"
+                        if len(websocket.unread_sizes) >= FLOOD_BACKLOG:
+                            await self._close_flood(websocket, detail)
+                            return
                         self._refused(websocket, "rate_limit", detail)
                         await websocket.send(detail + " (request not served)")
                         await asyncio.sleep(bucket.wait_s())  # nothing more is read meanwhile
@@ -685,6 +726,14 @@ class _ConnectionHandler:
         finally:
             self._log.flush((websocket, "bad_request"))
 
+    async def _close_flood(self, websocket: _Connection, detail: str) -> None:
+        """Closes a connection that keeps sending past its rate (`FLOOD_BACKLOG` requests waiting)."""
+        reason = f"{detail}, {FLOOD_BACKLOG} more waiting"
+        self._refused(websocket, "flood", reason)
+        self._floods.offended(_address(websocket))
+        websocket.close_timeout = FLOOD_CLOSE_S
+        await websocket.close(CloseCode.POLICY_VIOLATION, reason)
+
     async def _refuse_after_drain(self, websocket: _Connection) -> None:
         """Refuses in one line each request that is here but arrived after the drain began, then closes
         (requests arriving meanwhile meet the close)."""
@@ -695,6 +744,7 @@ class _ConnectionHandler:
             await websocket.send(
                 "Server shutting down: request not served (it arrived after the drain began)"
             )
+        websocket.read_until_closed()
         await websocket.close(CloseCode.GOING_AWAY, "server shutting down")
 
     async def _serve_request(
@@ -737,6 +787,7 @@ class _ConnectionHandler:
                 first.cancel()  # safe before the first frame (websockets' `recv_streaming`)
         if reason is not None:
             logger.info("Closing %s: %s", websocket.remote_address, reason)
+            websocket.read_until_closed()
             await websocket.close(CloseCode.GOING_AWAY, reason)
             return None
         parts = [first.result()]
@@ -746,6 +797,7 @@ class _ConnectionHandler:
         except TimeoutError:
             reason = f"message not received whole within {self._limits.receive_timeout_s:g} s"
             logger.info("Closing %s: %s", websocket.remote_address, reason)
+            websocket.read_until_closed()
             await websocket.close(CloseCode.POLICY_VIOLATION, reason)
             return None
         if len(parts) == 1:
@@ -887,6 +939,17 @@ def _decoded(message: str | bytes, trim: Callable[[dict], dict] | None) -> dict 
     except BadRequestError as error:
         return error
     return request if trim is None else trim(request)
+
+
+def _next_slice(current: int, parsed: int, frames: int) -> int:
+    """A connection's next slice after it parsed `frames` frames in `parsed` bytes of a `current` slice:
+    about `FRAMES_PER_TURN` frames' worth once a slice holds more, twice as much after a full slice that
+    held few."""
+    if frames > FRAMES_PER_TURN:
+        return max(MIN_PARSE_SLICE, parsed * FRAMES_PER_TURN // frames)
+    if frames <= FRAMES_PER_TURN // 2 and parsed == current:
+        return min(PARSE_SLICE, 2 * current)
+    return current
 
 
 def _bytes(mb: float | None) -> int | None:
