@@ -189,20 +189,23 @@ class RssSampler(threading.Thread):
 
 
 def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -> list[dict[str, Any]]:
-    """Per attack (and one row for the rest together): the healthy robot's replies received in its
-    window (from the attack's start until the robot settled after it: each reply belongs to one attack,
-    the one under way or just over when it came), their worst latency against its median alone, errors,
-    and the server's peak RSS during it over its RSS just before the first attack; beside the worst, the
-    control's worst of as many replies (`control_worst`; None without a control)."""
+    """Per attack (and for the rest one row per outcome: refused, answered, closed): the healthy robot's
+    replies received in its window (from the attack's start until the robot settled after it: each reply
+    belongs to one attack, the one under way or just over when it came), their worst latency against its
+    median alone, errors, and the server's peak RSS during it over its RSS just before the first attack;
+    beside the worst, the control's worst of as many replies (`control_worst`; None without a control)."""
     first = min(start for start, _ in report.windows.values())
     alone = [got - sent for sent, got, _ in report.healthy_times if got < first]
     median = statistics.median(alone)
     before = [memory for t, memory in rss.samples if t < first] if rss else []
     baseline = before[-1] if before else None  # just before the first attack, after the warm-up
     groups = {name: [report.windows[name]] for name in names if name in report.windows}
-    earlier = [window for name, window in report.windows.items() if name not in names]
-    if earlier:
-        groups[f"the {len(earlier)} earlier kinds"] = earlier
+    earlier: dict[str, list[tuple[float, float]]] = {}  # by what the attacker got: the target is refusals'
+    for name, window in report.windows.items():
+        if name not in names:
+            earlier.setdefault(report.outcomes[name].kind, []).append(window)
+    for kind, windows in sorted(earlier.items(), key=lambda item: -len(item[1])):
+        groups[f"the {len(windows)} earlier kinds {kind}"] = windows
     controls = [window for name, window in report.windows.items() if name.endswith(CONTROL_SUFFIX)]
     control = [latency for latency, _ in _received(report, controls)]
     rows = []
@@ -212,7 +215,7 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
         floor = control_worst(control, len(during))
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
         peak = max((p for p in peaks if p is not None), default=None)
-        outcomes = [report.outcomes[name].kind] if name in report.outcomes else ["(see outcomes)"]
+        outcomes = [report.outcomes[name].kind] if name in report.outcomes else [name.split()[-1]]
         rows.append(
             {
                 "attack": name,

@@ -2,6 +2,7 @@
 kind of request and transport fault, beside a healthy robot that checks its own replies."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -71,6 +72,8 @@ def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
         assert outcomes[name]["kind"] == "refused", (name, outcomes[name])
     flood = outcomes["flood of tiny bad messages for 1 s"]
     assert flood["kind"] == "refused" and "server log +" in flood["detail"], flood
+    closed_floods = re.search(r"\((\d+) closed by the server for flooding", flood["detail"])
+    assert closed_floods and int(closed_floods.group(1)) >= 1, flood  # and it connected again
     assert outcomes["60 handshakes at once"]["kind"] == "answered"
     assert outcomes["4 x 0.75 MB requests pipelined, never read"]["kind"] == "closed"
     shutdown = outcomes["SIGTERM while four robots keep sending"]
@@ -78,5 +81,6 @@ def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):
     stalls = {row["attack"]: row for row in record["stall_table"]}
     assert all(row.get("healthy errors or changes", 0) == 0 for row in stalls.values())
     # The control's own row: its worst is the control's worst of as many replies (all of them).
+    assert any(name.startswith("the ") and name.endswith(" earlier kinds refused") for name in stalls)
     control = next(row for name, row in stalls.items() if name.endswith("(control)"))
     assert control["control's worst of as many / median"] == control["worst / median"]
