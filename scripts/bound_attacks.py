@@ -24,7 +24,14 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from hostile_probe import Attack, Headers, Outcome, connect, fault_attack  # scripts/, beside this script
+from hostile_probe import (
+    Attack,
+    Headers,
+    Outcome,
+    connect,
+    fault_attack,
+    reply_outcome,
+)  # scripts/, beside this script
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oxygen_jax.serving import msgpack_numpy
@@ -44,7 +51,7 @@ def bound_attacks(
     rtc_inf = {"executed": 2, "delay": 1, "control_hz": float("inf")}
     seconds = max(1.0, 5.0 * scale)
     return {
-        "rtc control_hz inf after a chunk": _after_a_chunk(base, base | {"rtc": rtc_inf}),
+        **_after_a_chunk("rtc control_hz inf after a chunk", base, base | {"rtc": rtc_inf}),
         "1x5000x3 image": fault_attack(lambda ws: ws.send(msgpack_numpy.packb(_elongated(base)))),
         f"4 x {size / MB:g} MB requests pipelined, never read": _pipelined(big, connections=4, each=8),
         f"flood of tiny bad messages for {seconds:g} s": _flood(b"\xc1", seconds, log),
@@ -61,15 +68,41 @@ def _elongated(base: dict[str, Any]) -> dict[str, Any]:
     return base | {key: np.zeros((3, 1, 5000) if channels_first else (1, 5000, 3), np.uint8)}
 
 
-def _after_a_chunk(first: dict[str, Any], second: dict[str, Any]) -> Attack:
-    """Sends `first` and reads its chunk, then sends `second`; the outcome is the second's answer."""
+def _after_a_chunk(name: str, first: dict[str, Any], second: dict[str, Any]) -> dict[str, Attack]:
+    """Two attacks on one connection: `first` served (its chunk read), then `name`: `second` sent, whose
+    answer is the outcome; so the served request's share of the healthy robot's batch is not the refused
+    one's row. Run alone (`--only`), the second takes its own chunk first."""
+    held: list[Any] = []
 
-    def send(websocket: Any) -> None:
+    def take_a_chunk(websocket: Any) -> None:
         websocket.send(msgpack_numpy.packb(first))
         websocket.recv(timeout=120)
+
+    def chunk(url: str, headers: Headers) -> Outcome:
+        websocket = connect(url, headers)
+        websocket.recv(timeout=30)  # metadata
+        take_a_chunk(websocket)
+        held.append(websocket)
+        return Outcome("answered", "a chunk, on the connection the next attack uses")
+
+    def send_second(websocket: Any) -> None:
         websocket.send(msgpack_numpy.packb(second))
 
-    return fault_attack(send)
+    def take_a_chunk_then_send_second(websocket: Any) -> None:
+        take_a_chunk(websocket)
+        send_second(websocket)
+
+    def then(url: str, headers: Headers) -> Outcome:
+        if not held:
+            return fault_attack(take_a_chunk_then_send_second)(url, headers)
+        with held.pop() as websocket:
+            try:
+                send_second(websocket)
+                return reply_outcome(websocket.recv(timeout=120))
+            except ConnectionClosed as error:
+                return Outcome("closed", f"code {error.rcvd.code} {error.rcvd.reason}" if error.rcvd else "")
+
+    return {f"{name.removesuffix(' after a chunk')}: the first chunk": chunk, name: then}
 
 
 def _pipelined(message: bytes, *, connections: int, each: int, hold_s: float = 3.0) -> Attack:

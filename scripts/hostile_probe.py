@@ -257,7 +257,8 @@ class _HealthyRobot(_FORK.Process):
         return same
 
 
-def _outcome(reply: str | bytes) -> Outcome:
+def reply_outcome(reply: str | bytes) -> Outcome:
+    """What the attacker got from one reply: actions, a one-line refusal, or worse."""
     if isinstance(reply, bytes):
         return Outcome("answered", ", ".join(sorted(msgpack_numpy.unpackb(reply))))
     if "\n" in reply:
@@ -273,7 +274,7 @@ def fault_attack(send: Callable[[Any], Any]) -> Attack:
             with connect(url, headers) as websocket:
                 websocket.recv()
                 result = send(websocket)
-                return result if isinstance(result, Outcome) else _outcome(websocket.recv(timeout=120))
+                return result if isinstance(result, Outcome) else reply_outcome(websocket.recv(timeout=120))
         except ConnectionClosed as error:
             close = error.rcvd
             return Outcome("closed", f"code {close.code} {close.reason}" if close else "no close frame")
