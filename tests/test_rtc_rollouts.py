@@ -42,8 +42,9 @@ def test_each_request_below_the_block_starts_an_episode_with_its_stale_actions()
     below = [s for s in rollout.requests[1:] if rollout.positions[s][1] < rtc_rollouts.BELOW_BLOCK_Y]
     below = [s for s in below if s + STALE < len(rollout.positions)]
     episodes = list(rtc_rollouts.stale_episodes(rollout))
-    assert [step for _, step, _ in episodes] == below and below
-    for path, step, stale in episodes:
+    assert [step for _, _, step, _ in episodes] == below and below
+    for scene, path, step, stale in episodes:
+        assert scene is rollout.scene
         assert stale == STALE
         np.testing.assert_array_equal(path[: STALE + 1], rollout.positions[step : step + STALE + 1])
         np.testing.assert_array_equal(path[-1], rollout.scene.goal_at(step + len(path) - 1))
@@ -54,12 +55,12 @@ def test_the_first_request_and_one_whose_stale_actions_did_not_all_run_give_none
     rollout = _rollout()
     last = len(rollout.positions) - 2  # a request with one step left before the episode ended
     cut = rtc_rollouts.Rollout(rollout.scene, STALE, (last - 10, last), rollout.positions)
-    assert [step for _, step, _ in rtc_rollouts.stale_episodes(cut)] == []
+    assert list(rtc_rollouts.stale_episodes(cut)) == []
 
 
 def test_stale_episodes_are_written_with_their_least_clean_prefix(tmp_path):
     rollout = _rollout()
-    stale = [(rollout.scene, *episode) for episode in rtc_rollouts.stale_episodes(rollout)]
+    stale = list(rtc_rollouts.stale_episodes(rollout))
     root = detour_dataset.record_moving_dataset(tmp_path / "moving", 2, stale_episodes=stale[:1])
     info = json.loads((root / "meta" / "info.json").read_text())
     assert info["total_episodes"] == 3
@@ -82,7 +83,7 @@ def test_the_moving_config_trains_with_the_column_its_datasets_carry():
 
 def test_only_the_moving_task_takes_stale_episodes(tmp_path):
     rollout = _rollout()
-    stale = [(rollout.scene, *episode) for episode in rtc_rollouts.stale_episodes(rollout)]
+    stale = list(rtc_rollouts.stale_episodes(rollout))
     with pytest.raises(ValueError, match="stale episodes are the moving task's"):
         detour_dataset.record_dataset(tmp_path / "still", 1, stale_episodes=stale)
 

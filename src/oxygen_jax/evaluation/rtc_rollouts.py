@@ -23,7 +23,7 @@ from oxygen_jax.client.executor import SimClock
 from oxygen_jax.evaluation import closed_loop
 from oxygen_jax.policies.policy import Policy
 from oxygen_jax.robots import trial
-from oxygen_jax.table_task import moving_detour
+from oxygen_jax.table_task import detour_dataset, moving_detour
 
 DELAYS = (2, 3, 4, 5, 5)  # the d of each episode, drawn uniformly: H/2 twice as often as the others
 # Requests from a gripper this far down (past the block's far edge, y 0.45) become episodes: nothing stands
@@ -81,13 +81,14 @@ def collect(policy: Policy, num_episodes: int, seed: int) -> list[Rollout]:
     return rollouts
 
 
-def stale_episodes(rollout: Rollout) -> Iterator[tuple[np.ndarray, int, int]]:
-    """(positions [n + 1, 2], the control step of the first, the stale actions they start with) of each
-    request below the block that continued a chunk and whose stale actions all ran."""
+def stale_episodes(rollout: Rollout) -> Iterator[detour_dataset.StaleEpisode]:
+    """An episode (its scene, positions [n + 1, 2], the control step of the first, the stale actions they
+    start with) for each request below the block that continued a chunk and whose stale actions all
+    ran."""
     positions, stale = rollout.positions, rollout.delay
     for step in rollout.requests[1:]:
         if positions[step][1] >= BELOW_BLOCK_Y or step + stale >= len(positions):
             continue
         executed = positions[step : step + stale + 1]
         after = rollout.scene.pursuit_from(executed[-1], step + stale, fast_steps=stale)
-        yield np.concatenate([executed, after[1:]]), step, stale
+        yield rollout.scene, np.concatenate([executed, after[1:]]), step, stale

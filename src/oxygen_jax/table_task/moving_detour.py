@@ -68,27 +68,30 @@ class MovingDetourScene:
         """[n + 1, 2] the demonstrator's pursuit from `gripper` at `step` (a gripper below the block, where
         nothing stands between it and the cube), the first `fast_steps` at `detour.MAX_MOVE`: a robot that
         lost steps makes them up at its top speed."""
-        positions = [np.asarray(gripper, np.float32)]
-        for k in range(max_steps):
-            goal = self.goal_at(step + k + 1)
-            speed = detour.MAX_MOVE if k < fast_steps else detour.SPEED
-            positions.append(_pursue(positions[-1], [goal], speed)[0])
-            if np.array_equal(positions[-1], goal):
-                break
-        return np.stack(positions)
+        return self._pursuit([gripper], step=step, fast_steps=fast_steps, max_steps=max_steps)
 
-    def _pursuit(self, corners: np.ndarray, stalls: frozenset[int] = frozenset(), max_steps: int = 200):
-        """Along `corners` (the first the start; the last, the cube at step 0, is left out) at
-        `detour.SPEED` per step, then after the cube wherever it is when each step ends."""
+    def _pursuit(
+        self,
+        corners: list[np.ndarray] | np.ndarray,
+        stalls: frozenset[int] = frozenset(),
+        max_steps: int = 200,
+        step: int = 0,
+        fast_steps: int = 0,
+    ) -> np.ndarray:
+        """From `corners[0]` at `step`, along the other corners (the last of more than one, the cube at
+        step 0, is left out) at `detour.SPEED` per step (the first `fast_steps` at `detour.MAX_MOVE`;
+        none at the `stalls`, counted from `step`), then after the cube wherever it is when each step
+        ends."""
         ahead = list(corners[1:-1])
-        positions = [corners[0].astype(np.float32)]
-        for step in range(max_steps):
-            gripper = positions[-1]
-            if step not in stalls:
-                gripper, reached = _pursue(gripper, [*ahead, self.goal_at(step + 1)])
+        positions = [np.asarray(corners[0], np.float32)]
+        for k in range(max_steps):
+            gripper, goal = positions[-1], self.goal_at(step + k + 1)
+            if k not in stalls:
+                speed = detour.MAX_MOVE if k < fast_steps else detour.SPEED
+                gripper, reached = _pursue(gripper, [*ahead, goal], speed)
                 ahead = ahead[reached:]
             positions.append(gripper)
-            if np.array_equal(gripper, self.goal_at(step + 1)):
+            if np.array_equal(gripper, goal):
                 break
         return np.stack(positions)
 

@@ -67,7 +67,7 @@ def main(_):
         preflight.checkpoint(checkpoint)
     preflight.writable(_OUT.value, folder=True)
     stale = [
-        (rollout.scene, *episode)
+        episode
         for seed, checkpoint in enumerate(checkpoints)
         for rollout in rtc_rollouts.collect(
             closed_loop.load_policy(_ROLLOUT_CONFIG, checkpoint), _ROLLOUT_EPISODES.value, seed
