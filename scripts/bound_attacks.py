@@ -28,6 +28,7 @@ from hostile_probe import (
     Attack,
     Headers,
     Outcome,
+    closed_outcome,
     connect,
     fault_attack,
     reply_outcome,
@@ -100,7 +101,7 @@ def _after_a_chunk(name: str, first: dict[str, Any], second: dict[str, Any]) -> 
                 send_second(websocket)
                 return reply_outcome(websocket.recv(timeout=120))
             except ConnectionClosed as error:
-                return Outcome("closed", f"code {error.rcvd.code} {error.rcvd.reason}" if error.rcvd else "")
+                return closed_outcome(error)
 
     return {f"{name.removesuffix(' after a chunk')}: the first chunk": chunk, name: then}
 

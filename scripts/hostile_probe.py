@@ -276,10 +276,15 @@ def fault_attack(send: Callable[[Any], Any]) -> Attack:
                 result = send(websocket)
                 return result if isinstance(result, Outcome) else reply_outcome(websocket.recv(timeout=120))
         except ConnectionClosed as error:
-            close = error.rcvd
-            return Outcome("closed", f"code {close.code} {close.reason}" if close else "no close frame")
+            return closed_outcome(error)
 
     return attack
+
+
+def closed_outcome(error: ConnectionClosed) -> Outcome:
+    """What the attacker got when the server closed its connection: the close code and reason."""
+    close = error.rcvd
+    return Outcome("closed", f"code {close.code} {close.reason}" if close else "no close frame")
 
 
 def _leave_with_request_in_flight(base: dict[str, Any]) -> Callable[[Any], Outcome]:

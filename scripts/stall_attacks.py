@@ -199,27 +199,29 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     median = statistics.median(alone)
     before = [memory for t, memory in rss.samples if t < first] if rss else []
     baseline = before[-1] if before else None  # just before the first attack, after the warm-up
-    groups = {name: [report.windows[name]] for name in names if name in report.windows}
-    earlier: dict[str, list[tuple[float, float]]] = {}  # by what the attacker got: the target is refusals'
+    # name -> (windows, what the attacker got); the earlier kinds by what they got: the target is refusals'
+    groups = {
+        name: ([report.windows[name]], report.outcomes[name].kind) for name in names if name in report.windows
+    }
+    earlier: dict[str, list[tuple[float, float]]] = {}
     for name, window in report.windows.items():
         if name not in names:
             earlier.setdefault(report.outcomes[name].kind, []).append(window)
     for kind, windows in sorted(earlier.items(), key=lambda item: -len(item[1])):
-        groups[f"the {len(windows)} earlier kinds {kind}"] = windows
+        groups[f"the {len(windows)} earlier kinds {kind}"] = (windows, kind)
     controls = [window for name, window in report.windows.items() if name.endswith(CONTROL_SUFFIX)]
     control = [latency for latency, _ in _received(report, controls)]
     rows = []
-    for name, windows in groups.items():
+    for name, (windows, got) in groups.items():
         during = _received(report, windows)
         worst = max((latency for latency, _ in during), default=0.0)
         floor = control_worst(control, len(during))
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
         peak = max((p for p in peaks if p is not None), default=None)
-        outcomes = [report.outcomes[name].kind] if name in report.outcomes else [name.split()[-1]]
         rows.append(
             {
                 "attack": name,
-                "attacker got": outcomes[0],
+                "attacker got": got,
                 "healthy replies": len(during),
                 "worst ms": round(worst * 1000, 1),
                 "median alone ms": round(median * 1000, 1),
