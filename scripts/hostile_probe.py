@@ -31,6 +31,10 @@ from oxygen_jax.serving import msgpack_numpy
 IMAGE_SHAPE = (224, 224, 3)
 HEALTHY_ATOL = 1e-5  # a batch of two rounds differently from a batch of one (float32)
 HEALTHY_ALONE = 30  # requests the healthy robot sends before any attack, for its median latency alone
+# Before each attack, the healthy robot's replies alone that the attack is judged against: over a run the
+# machine's own speed drifts by more than the attacks' effect (a 30 s control's median moved from 32 to
+# 48 ms with no attack on a 2-core CPU), and that drift is not the attacker's.
+QUIET_REPLIES = 20
 # After an attack, the healthy robot's replies it must get to requests sent after the attack ended (then
 # to one sent after that reply) before the next attack begins: an attack's aftermath is its own.
 SETTLE_TIMEOUT_S = 30.0
@@ -152,6 +156,7 @@ class ProbeReport:
     healthy_errors: list[str] = dataclasses.field(default_factory=list)
     healthy_times: list[tuple[float, float, bool]] = dataclasses.field(default_factory=list)  # sent, got, ok
     windows: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # attack -> start, end
+    quiet: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)  # attack -> alone before
     seconds: float = 0.0
 
     def summary(self) -> dict[str, Any]:
@@ -188,6 +193,7 @@ class _HealthyRobot(_FORK.Process):
         self._stop_event = _FORK.Event()
         self.warm = _FORK.Event()  # set after its `HEALTHY_ALONE` requests alone
         self._last_sent = _FORK.Value("d", 0.0, lock=False)  # when the request last answered was sent
+        self._answered = _FORK.Value("l", 0, lock=False)  # replies so far
         self._results, self._send_results = _FORK.Pipe(duplex=False)
         self._reference: np.ndarray | None = None
 
@@ -205,6 +211,15 @@ class _HealthyRobot(_FORK.Process):
                 time.sleep(0.002)
             after = time.perf_counter()
         return after
+
+    def alone(self, replies: int) -> tuple[float, float]:
+        """Waits until it got `replies` more replies (at most `SETTLE_TIMEOUT_S`, or until the robot
+        stops); the window they arrived in."""
+        start = time.perf_counter()
+        deadline, target = start + SETTLE_TIMEOUT_S, self._answered.value + replies
+        while self._answered.value < target and self.is_alive() and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        return start, time.perf_counter()
 
     def stop(self) -> None:
         """Stops it and copies what it saw into the report."""
@@ -228,6 +243,7 @@ class _HealthyRobot(_FORK.Process):
                     ok = self._check(websocket.recv())
                     self._report.healthy_times.append((start, time.perf_counter(), ok))
                     self._last_sent.value = start
+                    self._answered.value += 1
                     if sent + 1 == HEALTHY_ALONE:
                         self.warm.set()
         except (ConnectionClosed, OSError) as error:
@@ -331,11 +347,12 @@ def probe(
 ) -> ProbeReport:
     """Run every hostile kind and fault, then `more(base observation)`'s attacks, against the server at
     `url` (with `api_key`, if it needs one) beside a healthy robot, one after the other (with `only`, just
-    those whose name contains it). Each attack's window runs from its start until the healthy robot has
-    settled after it (`_HealthyRobot.settle`), so the next starts on a server done with it. The attacks
-    run at `attacker_nice` (this thread and those it starts, after the healthy robot's process has
-    started), so on a machine the three share, the attacker's own work can stand aside as if it ran
-    elsewhere."""
+    those whose name contains it). Each attack follows `QUIET_REPLIES` of the healthy robot's replies with
+    no attack (`ProbeReport.quiet`: its median just before). Each attack's window runs from its start
+    until the healthy robot has settled after it (`_HealthyRobot.settle`), so the next starts on a server
+    done with it. The attacks run at `attacker_nice` (this thread and those it starts, after the healthy
+    robot's process has started), so on a machine the three share, the attacker's own work can stand
+    aside as if it ran elsewhere."""
     base = valid_observation(spec)
     attacks: dict[str, Attack] = {
         name: request_attack(request) for name, request in hostile_requests(spec, base).items()
@@ -353,6 +370,7 @@ def probe(
     os.nice(attacker_nice)  # Linux: this thread only, and the threads it starts from now on
     names = progress(list(attacks)) if progress else list(attacks)
     for name in names:
+        report.quiet[name] = healthy.alone(QUIET_REPLIES)
         began = time.perf_counter()
         report.outcomes[name] = attacks[name](url, headers)
         report.windows[name] = (began, healthy.settle(after=time.perf_counter()))

@@ -192,28 +192,31 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
     """Per attack (and for the rest one row per outcome: refused, answered, closed): the healthy robot's
     replies received in its window (from the attack's start until the robot settled after it: each reply
     belongs to one attack, the one under way or just over when it came), their worst latency against its
-    median alone, errors, and the server's peak RSS during it over its RSS just before the first attack;
-    beside the worst, the control's worst of as many replies (`control_worst`; None without a control)."""
+    median alone (before the first attack) and against its median just before the attack (its
+    `ProbeReport.quiet` replies: the machine's drift set aside), errors, and the server's peak RSS during
+    it over its RSS just before the first attack; beside the worst, the control's worst of as many replies
+    (`control_worst`; None without a control)."""
     first = min(start for start, _ in report.windows.values())
     alone = [got - sent for sent, got, _ in report.healthy_times if got < first]
     median = statistics.median(alone)
     before = [memory for t, memory in rss.samples if t < first] if rss else []
     baseline = before[-1] if before else None  # just before the first attack, after the warm-up
-    # name -> (windows, what the attacker got); the earlier kinds by what they got: the target is refusals'
-    groups = {
-        name: ([report.windows[name]], report.outcomes[name].kind) for name in names if name in report.windows
-    }
-    earlier: dict[str, list[tuple[float, float]]] = {}
-    for name, window in report.windows.items():
+    # name -> (attacks, what the attacker got); the earlier kinds by what they got: the target is refusals'
+    groups = {name: ([name], report.outcomes[name].kind) for name in names if name in report.windows}
+    earlier: dict[str, list[str]] = {}
+    for name in report.windows:
         if name not in names:
-            earlier.setdefault(report.outcomes[name].kind, []).append(window)
-    for kind, windows in sorted(earlier.items(), key=lambda item: -len(item[1])):
-        groups[f"the {len(windows)} earlier kinds {kind}"] = (windows, kind)
+            earlier.setdefault(report.outcomes[name].kind, []).append(name)
+    for kind, attacks in sorted(earlier.items(), key=lambda item: -len(item[1])):
+        groups[f"the {len(attacks)} earlier kinds {kind}"] = (attacks, kind)
     controls = [window for name, window in report.windows.items() if name.endswith(CONTROL_SUFFIX)]
     control = [latency for latency, _ in _received(report, controls)]
     rows = []
-    for name, (windows, got) in groups.items():
+    for name, (attacks, got) in groups.items():
+        windows = [report.windows[attack] for attack in attacks]
         during = _received(report, windows)
+        quiet = _received(report, [report.quiet[attack] for attack in attacks if attack in report.quiet])
+        local = statistics.median(latency for latency, _ in quiet) if quiet else None
         worst = max((latency for latency, _ in during), default=0.0)
         floor = control_worst(control, len(during))
         peaks = [rss.peak(start, end) for start, end in windows] if rss else []
@@ -226,6 +229,8 @@ def stall_table(report: ProbeReport, names: list[str], rss: RssSampler | None) -
                 "worst ms": round(worst * 1000, 1),
                 "median alone ms": round(median * 1000, 1),
                 "worst / median": round(worst / median, 2) if during else None,
+                "median just before ms": None if local is None else round(local * 1000, 1),
+                "worst / median just before": round(worst / local, 2) if during and local else None,
                 "control's worst of as many / median": None if floor is None else round(floor / median, 2),
                 "healthy errors or changes": sum(not ok for _, ok in during),
                 "RSS +MB": None if peak is None or baseline is None else round((peak - baseline) / 2**20),

@@ -33,6 +33,29 @@ def test_the_controls_worst_of_as_many_replies_is_the_median_worst_of_every_run_
     assert stall_attacks.control_worst([], 3) is None and stall_attacks.control_worst(control, 0) is None
 
 
+def test_each_attack_is_judged_against_the_healthy_robots_median_just_before_it():
+    # Replies (sent, got, unchanged): alone at 10 ms, then quiet before "a" at 20 ms (the machine slowed),
+    # "a" at worst 50 ms; quiet before "b" and "c" (earlier kinds, refused) at 30 and 40 ms, both worst 60.
+    times = [(t, t + 0.010, True) for t in (0.0, 0.1, 0.2)]
+    times += [(t, t + 0.020, True) for t in (1.0, 1.1, 1.2)] + [(2.0, 2.050, True), (2.1, 2.110, True)]
+    times += [(3.0, 3.030, True), (3.1, 3.130, True), (4.0, 4.060, True)]
+    times += [(5.0, 5.040, True), (5.1, 5.140, True), (6.0, 6.060, True)]
+    refused = hostile_probe.Outcome("refused", "Bad request")
+    report = hostile_probe.ProbeReport(
+        outcomes={"a": refused, "b": refused, "c": refused},
+        healthy_times=times,
+        windows={"a": (2.0, 2.5), "b": (4.0, 4.5), "c": (6.0, 6.5)},
+        quiet={"a": (1.0, 1.5), "b": (3.0, 3.5), "c": (5.0, 5.5)},
+    )
+    rows = {row["attack"]: row for row in stall_attacks.stall_table(report, ["a"], rss=None)}
+    assert rows["a"]["median alone ms"] == 15.0  # every reply before the first attack: 10, 10, 10, 20, 20, 20
+    assert rows["a"]["worst / median"] == round(50 / 15, 2)
+    assert rows["a"]["median just before ms"] == 20.0 and rows["a"]["worst / median just before"] == 2.5
+    earlier = rows["the 2 earlier kinds refused"]  # their quiet replies pooled: 30, 30, 40, 40 ms
+    assert earlier["median just before ms"] == 35.0
+    assert earlier["worst / median just before"] == round(60 / 35, 2)
+
+
 @pytest.mark.slow  # ~2 min on a quiet 2-core machine: the script is also the recorded figure
 @pytest.mark.timeout(600)
 def test_no_hostile_request_reaches_the_healthy_robot(tmp_path):

@@ -2,6 +2,7 @@
 handshakes per second, failed API keys per address, log lines per connection; and a drain ends while
 robots keep sending. Each against a small numpy backend on loopback, with small limits."""
 
+import asyncio
 import gc
 import logging
 import signal
@@ -19,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
 from oxygen_jax.serving import msgpack_numpy, policy_backend, websocket_server
-from oxygen_jax.serving.flow_control import AddressThrottle, ReadBudget
+from oxygen_jax.serving.flow_control import AddressThrottle, ReadBudget, RefusalHold
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.websocket_server import (
     FLOOD_BACKLOG,
@@ -196,10 +197,14 @@ def test_an_address_that_keeps_flooding_is_refused_at_the_handshake(monkeypatch)
         for _ in range(2):
             with robot(running.port) as flood:
                 assert flood_until_closed(flood)[0] == 1008
+        began = time.monotonic()
         with pytest.raises(InvalidStatus) as refused:
             websocket(running.port)
         assert refused.value.response.status_code == 429
         assert refused.value.response.body == (websocket_server.FLOODS_THROTTLED + "\n").encode()
+        # Held until the address may try again (one close per 10 s refills), at most REFUSAL_HOLD_S.
+        assert time.monotonic() - began >= websocket_server.REFUSAL_HOLD_S * 0.9
+        assert int(refused.value.response.headers["Retry-After"]) >= 1
         assert http_get(running.port, "/healthz")[0] == 200
 
 
@@ -433,15 +438,20 @@ def test_failed_api_keys_are_throttled_per_address_counted_and_logged_once(caplo
     caplog.set_level(logging.INFO, SERVER_LOGGER)
     wrong = {"Authorization": "Api-Key wrong"}
     with served(api_key="s3cret") as running:
-        statuses = []
+        statuses, took = [], []
         for _ in range(12):
+            began = time.monotonic()
             with pytest.raises(InvalidStatus) as refused:
                 websocket(running.port, additional_headers=wrong)
             statuses.append(refused.value.response.status_code)
-        assert statuses == [401] * 10 + [429] * 2  # a burst of 10 failures, then no more checks
+            took.append(time.monotonic() - began)
+        # A burst of 10 checked keys, then 429 held until the address may try again (one a second), then
+        # that one try: a guesser that retries at once gets one key checked a second.
+        assert statuses == [401] * 10 + [429, 401]
+        assert took[10] >= 0.8 and max(took[:10]) < 0.8
         registry = running._backend.metrics.registry  # /metrics needs a key, which waits its turn too
-        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key"}) == 10
-        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key_throttled"}) == 2
+        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key"}) == 11
+        assert registry.get_sample_value("oxygen_refusals_total", {"reason": "api_key_throttled"}) == 1
         time.sleep(1.1)  # one failure a second refills: the right key is checked again
         with websocket(running.port, additional_headers={"Authorization": "Api-Key s3cret"}):
             pass
@@ -506,8 +516,32 @@ def test_failed_keys_throttle_an_address_after_its_burst_until_it_refills():
         assert not keys.throttled("a")
         keys.offended("a")
     assert keys.throttled("a") and not keys.throttled("b")  # one address's failures are its own
+    assert keys.wait_s("a") == pytest.approx(0.05, abs=0.01) and keys.wait_s("b") == 0.0
     time.sleep(0.06)  # 20 a second: one failure refilled
-    assert not keys.throttled("a")
+    assert not keys.throttled("a") and keys.wait_s("a") == 0.0
+
+
+def test_a_held_refusal_waits_until_the_address_may_try_again_at_most_so_long_and_so_many_at_once():
+    async def held(hold: RefusalHold, wait_s: float, release: asyncio.Event | None = None) -> float:
+        began = time.monotonic()
+        await hold.hold(wait_s, release)
+        return time.monotonic() - began
+
+    async def scenario() -> None:
+        hold = RefusalHold(max_held=2, max_hold_s=0.3)
+        assert await held(hold, 0.1) == pytest.approx(0.1, abs=0.05)  # until the address may try again
+        assert await held(hold, 0.0) < 0.01  # not throttled: nothing to wait for
+        two = [asyncio.create_task(held(hold, 5.0)) for _ in range(2)]
+        await asyncio.sleep(0)
+        assert hold.held == 2 and await held(hold, 5.0) < 0.01  # a third goes out at once
+        assert await asyncio.gather(*two) == [pytest.approx(0.3, abs=0.1)] * 2  # at most max_hold_s
+        release = asyncio.Event()
+        released = asyncio.create_task(held(hold, 5.0, release))
+        await asyncio.sleep(0.05)
+        release.set()  # a drain
+        assert await released < 0.15 and hold.held == 0
+
+    asyncio.run(scenario())
 
 
 def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():

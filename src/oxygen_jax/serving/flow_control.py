@@ -8,10 +8,14 @@ handshake rates, and log lines (`websocket_server` applies them).
 - `TokenBucket`: `rate` events a second with bursts of `burst` (requests of one connection, handshakes).
 - `AddressThrottle`: offences per client address (failed API keys at the server's handshakes and a fleet's
   ingress, connections closed for flooding), past a burst refused unchecked.
+- `RefusalHold`: such a refusal is held until the address may try again, so a client that retries at once
+  tries at the throttle's rate, not as fast as the server can refuse it.
 - `LogThrottle`: the first line of a kind per key and interval, then one line that counts the rest, so a
   client repeating a fault cannot flood the log.
 """
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Hashable
@@ -115,6 +119,11 @@ class AddressThrottle:
         bucket = self._buckets.get(address)
         return bucket is not None and bucket.tokens < 1
 
+    def wait_s(self, address: str) -> float:
+        """How long until the address may offend again (0 when it is not throttled)."""
+        bucket = self._buckets.get(address)
+        return 0.0 if bucket is None else bucket.wait_s()
+
     def offended(self, address: str) -> None:
         bucket = self._buckets.get(address)
         if bucket is None:
@@ -122,6 +131,32 @@ class AddressThrottle:
                 del self._buckets[known]
             bucket = self._buckets[address] = TokenBucket(self.rate, self.burst)
         bucket.take()
+
+
+class RefusalHold:
+    """Holds refusals of throttled addresses, each until its address may try again but at most
+    `max_hold_s`, and at most `max_held` at once (past that a refusal goes out at once, so an attacker's
+    parallel connections cannot hold the server's sockets). Refused at once, a wrong-key guesser or a
+    flood that reconnects tries again as fast as the server refuses it (~400 handshakes a second on a
+    2-core CPU, which served robots feel); held, it tries at the throttle's rate."""
+
+    def __init__(self, max_held: int, max_hold_s: float) -> None:
+        self.max_held = max_held
+        self.max_hold_s = max_hold_s
+        self.held = 0
+
+    async def hold(self, wait_s: float, release: asyncio.Event | None = None) -> None:
+        """Waits `wait_s` (at most `max_hold_s`) unless `max_held` are held already; `release` (a drain,
+        say) ends the wait early."""
+        if wait_s <= 0 or self.held >= self.max_held:
+            return
+        self.held += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(min(wait_s, self.max_hold_s)):
+                    await (release or asyncio.Event()).wait()
+        finally:
+            self.held -= 1
 
 
 class LogThrottle:

@@ -31,6 +31,7 @@ GPU when the cluster has any (JAX then sees that one), else `replica_cpus` CPUs.
 import asyncio
 import dataclasses
 import logging
+import math
 import signal
 from typing import Any
 
@@ -41,13 +42,15 @@ from ray import serve
 
 from oxygen_jax.runtime.runtime import RuntimeConfig
 from oxygen_jax.serving import relay, tickets
-from oxygen_jax.serving.flow_control import AddressThrottle
+from oxygen_jax.serving.flow_control import AddressThrottle, RefusalHold
 from oxygen_jax.serving.policy_backend import settle_heap
 from oxygen_jax.serving.server_config import ServerConfig
 from oxygen_jax.serving.websocket_server import (
     FAILED_KEY_BURST,
     FAILED_KEY_RATE,
     KEYS_THROTTLED,
+    MAX_HELD_REFUSALS,
+    REFUSAL_HOLD_S,
     TEXT_PATH,
     BackgroundServer,
     ServerLimits,
@@ -180,6 +183,7 @@ class ServerReplica:
     def __init__(self, server: ServerConfig, relay_robots: bool = False) -> None:
         self._api_key = server.limits.api_key
         self._failed_keys = AddressThrottle(FAILED_KEY_RATE, FAILED_KEY_BURST)  # this ingress's, per address
+        self._holds = RefusalHold(MAX_HELD_REFUSALS, REFUSAL_HOLD_S)
         self._relay_robots = relay_robots
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self._backend = server.build_backend(replica_id=self.replica_id)
@@ -223,7 +227,9 @@ class ServerReplica:
         key = self._api_key
         address = client.client.host if client.client else "?"
         if key is not None and self._failed_keys.throttled(address):
-            await client.send_denial_response(PlainTextResponse(KEYS_THROTTLED + "\n", status_code=429))
+            await self._holds.hold(self._failed_keys.wait_s(address))
+            retry = {"Retry-After": str(math.ceil(self._failed_keys.wait_s(address)))}
+            await client.send_denial_response(PlainTextResponse(KEYS_THROTTLED + "\n", 429, retry))
             return
         if key is not None and not tickets.header_carries_key(client.headers.getlist("authorization"), key):
             self._failed_keys.offended(address)

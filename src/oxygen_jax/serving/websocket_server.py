@@ -40,7 +40,8 @@ No client can stall or lock out the others (`ServerLimits`):
 - with ``api_key`` set, robot connections and ``/text`` need the header openpi-client sends for its
   ``api_key`` (`AUTH_HEADER`), or an unexpired ticket minted with the key in the query (``?ticket=``,
   `serving/tickets.py`: what a fleet's ingress redirects a robot with), else HTTP 401; an address that
-  failed ``FAILED_KEY_BURST`` times gets HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second).
+  failed ``FAILED_KEY_BURST`` times gets HTTP 429 until it may try again (``FAILED_KEY_RATE`` a second),
+  held until then (at most ``REFUSAL_HOLD_S``, ``MAX_HELD_REFUSALS`` at once) with ``Retry-After``.
   ``/healthz`` and ``/readyz`` stay open. The ``Server`` header names no versions;
 - what a client makes the server hold or do is bounded (`flow_control`): requests received and not yet
   answered, in bytes per connection (``max_pending_mb``) and in all (``max_pending_total_mb``; past
@@ -53,8 +54,8 @@ No client can stall or lock out the others (`ServerLimits`):
   ``BAD_REQUEST_COST``; past it a request is refused unread and the connection is not read again until
   the rate allows one more, so a flood costs the server at most twice that rate in messages, and a flood
   of bad requests a fifth of it; a connection over its rate with ``FLOOD_BACKLOG`` requests waiting is
-  closed with 1008, and an address with ``FLOOD_BURST`` such closes gets HTTP 429 at the handshake until
-  ``FLOOD_RATE`` lets it in again);
+  closed with 1008, and an address with ``FLOOD_BURST`` such closes gets HTTP 429 at the handshake, held
+  as a failed key's, until ``FLOOD_RATE`` lets it in again);
   handshakes per second (``max_handshakes_per_s``, admitted ``HANDSHAKE_BURST_S`` of a second's worth at
   once; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
@@ -81,6 +82,7 @@ import contextlib
 import dataclasses
 import http
 import logging
+import math
 import signal
 import threading
 import time
@@ -98,7 +100,13 @@ from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 from oxygen_jax.errors import InvalidRequest
 from oxygen_jax.serving import metrics, msgpack_numpy
-from oxygen_jax.serving.flow_control import AddressThrottle, LogThrottle, ReadBudget, TokenBucket
+from oxygen_jax.serving.flow_control import (
+    AddressThrottle,
+    LogThrottle,
+    ReadBudget,
+    RefusalHold,
+    TokenBucket,
+)
 from oxygen_jax.serving.request_decoding import BadRequestError, decode_request
 from oxygen_jax.serving.tickets import AUTH_HEADER, TICKET_PARAM, header_carries_key
 from oxygen_jax.serving.tickets import valid as valid_ticket
@@ -176,6 +184,10 @@ KEYS_THROTTLED = "Too many failed API keys from this address: retry later"
 # robot connections get HTTP 429 (a flood that reconnects would otherwise cost a handshake each time).
 FLOOD_BURST, FLOOD_RATE = 3, 0.1
 FLOODS_THROTTLED = "Too many connections closed for flooding from this address: retry later"
+# A throttled address's HTTP 429 waits until it may try again, at most this long and this many at once: a
+# client that retries at once then tries at the throttle's rate. Refused at once, a wrong-key guesser
+# retried ~400 times a second on a 2-core CPU, and a served robot's worst reply reached 2.2-2.6x its median.
+REFUSAL_HOLD_S, MAX_HELD_REFUSALS = 2.0, 64
 # Longest a handshake waits for its turn under `max_handshakes_per_s` before it is refused (HTTP 503).
 MAX_HANDSHAKE_WAIT_S = 5.0
 # New connections admitted at once: this much of a second's rate (5 at 100 a second; at least 1). A
@@ -516,6 +528,7 @@ class _ConnectionHandler:
         self._handshakes = None if rate is None else TokenBucket(rate, max(1.0, rate * HANDSHAKE_BURST_S))
         self._failed_keys = AddressThrottle(FAILED_KEY_RATE, FAILED_KEY_BURST)
         self._floods = AddressThrottle(FLOOD_RATE, FLOOD_BURST)
+        self._holds = RefusalHold(MAX_HELD_REFUSALS, REFUSAL_HOLD_S)
         self._log = LogThrottle(logger, LOG_INTERVAL_S)
         served_metrics = metrics.of(backend)
         if served_metrics is not None:
@@ -558,9 +571,8 @@ class _ConnectionHandler:
         if path == "/readyz":
             return self._readiness(connection)
         if self._floods.throttled(_address(connection)):
-            self._refused(connection, "flood_throttled", FLOODS_THROTTLED)
-            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, FLOODS_THROTTLED + "\n")
-        key_refusal = self._key_refusal(connection, request)
+            return await self._throttled(connection, self._floods, "flood_throttled", FLOODS_THROTTLED)
+        key_refusal = await self._key_refusal(connection, request)
         if key_refusal is not None:
             return key_refusal
         if path == "/metrics":
@@ -577,20 +589,31 @@ class _ConnectionHandler:
         self._take_slot(connection, kind)
         return None
 
-    def _key_refusal(self, connection: ServerConnection, request: Request) -> Response | None:
+    async def _key_refusal(self, connection: ServerConnection, request: Request) -> Response | None:
         """HTTP 401 without the API key, 429 once an address failed too often (then its keys are not even
         compared until its bucket refills); None when it may go on."""
         if self._limits.api_key is None:
             return None
         address = _address(connection)
         if self._failed_keys.throttled(address):
-            self._refused(connection, "api_key_throttled", KEYS_THROTTLED)
-            return connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, KEYS_THROTTLED + "\n")
+            return await self._throttled(connection, self._failed_keys, "api_key_throttled", KEYS_THROTTLED)
         if self._authorized(request):
             return None
         self._failed_keys.offended(address)
         self._refused(connection, "api_key", "no valid API key")
         return connection.respond(http.HTTPStatus.UNAUTHORIZED, f"Unauthorized: send {AUTH_HEADER}\n")
+
+    async def _throttled(
+        self, connection: ServerConnection, throttle: AddressThrottle, reason: str, detail: str
+    ) -> Response:
+        """HTTP 429 for an address `throttle` holds back, counted and logged, sent when the address may
+        try again (`RefusalHold`; a drain sends it at once) with ``Retry-After``."""
+        self._refused(connection, reason, detail)
+        address = _address(connection)
+        await self._holds.hold(throttle.wait_s(address), self._draining)
+        response = connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, detail + "\n")
+        response.headers["Retry-After"] = str(math.ceil(throttle.wait_s(address)))
+        return response
 
     async def _turn(self, connection: ServerConnection) -> str | None:
         """Waits for this handshake's turn under `max_handshakes_per_s`; the refusal when it would wait
