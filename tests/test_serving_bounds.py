@@ -129,6 +129,35 @@ def test_a_read_full_of_tiny_frames_is_parsed_a_few_frames_per_turn_and_every_re
     assert max(counts) <= FRAMES_PER_TURN + 1  # a slice may end a frame the one before began
 
 
+def test_a_large_payload_reaches_the_parser_a_socket_read_at_a_time_and_tiny_frames_after_it_a_slice(
+    monkeypatch,
+):
+    """A 4 MB request then 500 small ones in one write: the payload goes to websockets' parser whole per
+    socket read (a slice per read of it cost the loop twice the CPU: pausing and resuming reading around
+    each), the frames after it still about `FRAMES_PER_TURN` at a time, and every request is answered."""
+    sizes: list[int] = []
+    counts = frames_per_parse(monkeypatch)
+    parse = ServerConnection.data_received
+
+    def sized(connection: Any, data: bytes) -> None:
+        sizes.append(len(data))
+        parse(connection, data)
+
+    monkeypatch.setattr(ServerConnection, "data_received", sized)
+    large = msgpack_numpy.packb({"state": STATE, "junk": np.zeros(4 * 10**6, np.uint8)})
+    small = [msgpack_numpy.packb({"state": STATE + i}) for i in range(500)]
+    with served(max_requests_per_s=None, max_pending_mb=8) as running, robot(running.port) as client:
+        start = len(sizes)
+        client.socket.sendall(tiny_frames([large, *small]))
+        for i in range(-1, 500):
+            reply = msgpack_numpy.unpackb(client.recv(timeout=10))
+            np.testing.assert_array_equal(reply["actions"], (STATE + max(i, 0)) * 3)
+    pieces = sizes[start:]
+    assert max(pieces) > 4 * websocket_server.PARSE_SLICE  # the payload, a read at a time
+    assert sum(size > websocket_server.PARSE_SLICE for size in pieces) < len(large) // (64 * 1024)
+    assert max(counts[start:]) <= FRAMES_PER_TURN + 1
+
+
 def test_pipelined_tiny_requests_are_parsed_only_as_fast_as_they_are_served(monkeypatch):
     """20,000 small requests (1 MB, more than one socket read) sent at once on a connection under its
     rate, each served in 10 ms: past the read budget (0.1 MB, ~95 of them) the rest of a read waits
