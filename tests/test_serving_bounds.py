@@ -20,7 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.frames import Frame, Opcode
 
 from oxygen_jax.serving import msgpack_numpy, policy_backend, websocket_server
-from oxygen_jax.serving.flow_control import AddressThrottle, ReadBudget, RefusalHold
+from oxygen_jax.serving.flow_control import AddressThrottle, ReadBudget, ReceiveTurn, RefusalHold
 from oxygen_jax.serving.metrics import ServerMetrics
 from oxygen_jax.serving.websocket_server import (
     FLOOD_BACKLOG,
@@ -571,6 +571,63 @@ def test_a_held_refusal_waits_until_the_address_may_try_again_at_most_so_long_an
         assert await released < 0.15 and hold.held == 0
 
     asyncio.run(scenario())
+
+
+class FakeTaker:
+    def __init__(self) -> None:
+        self.granted = 0
+
+    def turn_granted(self) -> None:
+        self.granted += 1
+
+
+def test_one_connection_at_a_time_reads_a_large_message_and_passes_the_turn_when_done_or_out_of_bytes():
+    turn = ReceiveTurn()
+    first, second, third = FakeTaker(), FakeTaker(), FakeTaker()
+    assert turn.take(first) and turn.take(first)  # free, then its own
+    assert not turn.take(second) and not turn.take(third) and not turn.take(second)  # in line, once each
+    assert turn.pass_on(first, done=True) and turn.holder is second and second.granted == 1
+    assert not turn.pass_on(second, done=False)  # out of bytes at hand, not done: to the back of the line
+    assert turn.holder is third and third.granted == 1
+    assert turn.pass_on(third, done=True) and turn.holder is second and second.granted == 2
+    assert turn.pass_on(second, done=False) and turn.holder is second  # no one waits: it reads on
+    assert turn.pass_on(first, done=True)  # not the holder: nothing changes
+    assert turn.pass_on(second, done=True) and turn.holder is None
+
+
+def test_a_connection_that_goes_leaves_the_line_and_hands_its_turn_on():
+    turn = ReceiveTurn()
+    first, second, third = FakeTaker(), FakeTaker(), FakeTaker()
+    turn.take(first), turn.take(second), turn.take(third)
+    turn.forget(second)  # gone while in line
+    turn.forget(first)  # gone while holding
+    assert turn.holder is third and third.granted == 1 and second.granted == 0
+    turn.forget(third)
+    assert turn.holder is None
+
+
+def test_large_messages_sent_at_once_on_several_connections_are_all_answered_beside_a_robot(monkeypatch):
+    """Three connections send a 4 MB request each at the same moment while a robot asks between them:
+    they take turns reading (`ReceiveTurn`), every request is answered, and no reading stalls for good."""
+    monkeypatch.setattr(websocket_server, "LARGE_PAYLOAD", 2**18)
+    junk = np.zeros(4 * 10**6, np.uint8)
+    large = [msgpack_numpy.packb({"state": STATE + i, "junk": junk}) for i in range(3)]
+    with served(max_requests_per_s=None, max_pending_mb=8) as running, robot(running.port) as other:
+        clients = [robot(running.port) for _ in large]
+        try:
+            pairs = zip(clients, large, strict=True)
+            senders = [threading.Thread(target=client.send, args=(m,)) for client, m in pairs]
+            for sender in senders:
+                sender.start()
+            np.testing.assert_array_equal(ask(other, {"state": STATE})["actions"], STATE * 3)
+            for i, client in enumerate(clients):
+                reply = msgpack_numpy.unpackb(client.recv(timeout=30))
+                np.testing.assert_array_equal(reply["actions"], (STATE + i) * 3)
+            for sender in senders:
+                sender.join(timeout=30)
+        finally:
+            for client in clients:
+                client.close()
 
 
 def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():

@@ -105,6 +105,7 @@ from oxygen_jax.serving.flow_control import (
     AddressThrottle,
     LogThrottle,
     ReadBudget,
+    ReceiveTurn,
     RefusalHold,
     TokenBucket,
 )
@@ -164,6 +165,10 @@ FRAME_CHARGE = 16 * 1024
 PARSE_SLICE = 16 * 1024
 MIN_PARSE_SLICE = 512
 FRAMES_PER_TURN = 64
+# A payload this large is read while its connection holds the server's `ReceiveTurn`. A socket read of
+# asyncio's full size (its transports read at most this much) says more bytes may be at hand.
+LARGE_PAYLOAD = 2**20
+FULL_READ = 256 * 1024
 # What a bad request costs under `max_requests_per_s`, in requests: robots rarely send one, a flood of them
 # is the cheapest attack, and each costs the event loop (and the runtime thread, through the GIL).
 BAD_REQUEST_COST = 10
@@ -406,6 +411,7 @@ class _Connection(ServerConnection):
     message from an idle one."""
 
     budget: ReadBudget | None = None  # set at admission
+    turn: ReceiveTurn | None = None  # set at admission
     last_data = 0.0
     last_frame = 0.0
     pending_bytes = 0
@@ -420,15 +426,17 @@ class _Connection(ServerConnection):
         self._bounds = FrameBounds()  # a payload under way is handed to the parser whole
         self._frames_parsed = 0
         self._budget_paused = False
+        self._turn_paused = False
 
     def data_received(self, data: bytes) -> None:
         self.last_data = time.monotonic()
         if not self._unparsed and len(data) <= self._bounds.payload_left:
             self._parse(data)  # all of it payload of the frame under way: no frame ends in it
-            return
-        self._unparsed += data
-        if len(self._unparsed) == len(data):  # no slice scheduled yet
-            self._parse_slice()
+        else:
+            self._unparsed += data
+            if len(self._unparsed) == len(data):  # no slice scheduled yet
+                self._parse_slice()
+        self._take_turn(at_hand=len(data) >= getattr(self.transport, "max_size", FULL_READ))
 
     def _parse_slice(self) -> None:
         """Parses the next slice of the read; while any is left, reading pauses and the rest waits for the
@@ -448,6 +456,22 @@ class _Connection(ServerConnection):
             self._slice = _next_slice(self._slice, len(piece), self._frames_parsed)
         if self._unparsed and not self._budget_paused:
             self.loop.call_soon(self._parse_slice)
+        self._take_turn(at_hand=True)
+
+    def _take_turn(self, *, at_hand: bool) -> None:
+        """In the middle of a large payload, reads only while it holds the server's `ReceiveTurn`; passes
+        it on when the payload is whole, no more bytes may be `at_hand` or its read budget holds it."""
+        if self.turn is not None:
+            large = self._bounds.payload_left >= LARGE_PAYLOAD
+            reading = at_hand and not self._budget_paused
+            if self.turn.holder is self and not (large and reading):
+                self._turn_paused = not self.turn.pass_on(self, done=not large)
+            elif large and not self._budget_paused:
+                self._turn_paused = not self.turn.take(self)
+        self._apply_pause()
+
+    def turn_granted(self) -> None:
+        self._turn_paused = False
         self._apply_pause()
 
     def _parse(self, data: bytes) -> None:
@@ -490,17 +514,22 @@ class _Connection(ServerConnection):
         if self.budget is not None:
             self.budget.released(self, size)
 
-    def leave_budget(self) -> None:
-        """The connection is gone: what it left pending (a handler may still take it) no longer counts."""
+    def leave_flow_control(self) -> None:
+        """The connection is gone: what it left pending (a handler may still take it) no longer counts,
+        and it waits for no turn."""
         if self.budget is not None:
             self.budget.forget(self)
             self.budget = None
             self.unread_sizes.clear()
+        if self.turn is not None:
+            self.turn.forget(self)
+            self.turn = None
+            self._turn_paused = False
 
     def read_until_closed(self) -> None:
         """The server is closing it: from now on what it sends is read, uncounted, so that its closing
         handshake gets through however much it had pending (else the close would wait out its timeout)."""
-        self.leave_budget()
+        self.leave_flow_control()
         self.resume_reading()
 
     def pause_reading(self) -> None:
@@ -517,7 +546,7 @@ class _Connection(ServerConnection):
         """Reads while neither the budget nor a read still being parsed holds it back."""
         if self.transport.is_closing():
             return
-        if self._budget_paused or self._unparsed:
+        if self._budget_paused or self._turn_paused or self._unparsed:
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
@@ -538,6 +567,7 @@ class _ConnectionHandler:
         self._releases: set[asyncio.Task] = set()
         self._draining = asyncio.Event()
         self._budget = ReadBudget(_bytes(limits.max_pending_mb), _bytes(limits.max_pending_total_mb))
+        self._receive_turn = ReceiveTurn()
         rate = limits.max_handshakes_per_s
         self._handshakes = None if rate is None else TokenBucket(rate, max(1.0, rate * HANDSHAKE_BURST_S))
         self._failed_keys = AddressThrottle(FAILED_KEY_RATE, FAILED_KEY_BURST)
@@ -697,7 +727,7 @@ class _ConnectionHandler:
         self._slots[connection] = kind
         self._per_ip[_address(connection)] += 1
         if isinstance(connection, _Connection):
-            connection.budget = self._budget
+            connection.budget, connection.turn = self._budget, self._receive_turn
         release = asyncio.ensure_future(connection.wait_closed())
         self._releases.add(release)
         release.add_done_callback(lambda task: self._free_slot(connection, task))
@@ -706,7 +736,7 @@ class _ConnectionHandler:
         self._releases.discard(release)
         del self._slots[connection]
         if isinstance(connection, _Connection):
-            connection.leave_budget()
+            connection.leave_flow_control()
         address = _address(connection)
         self._per_ip[address] -= 1
         if not self._per_ip[address]:
