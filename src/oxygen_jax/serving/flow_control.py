@@ -78,11 +78,12 @@ class ReceiveTurn:
     """Which connection reads a large message now. Its parser's buffer grows by appending, which copies
     it whenever it outgrows its allocation; one buffer grows in place, but several growing at once
     interleave on the heap and are copied over and over: three 15 MB messages arriving together cost the
-    server 2.5-3x the CPU of the same three one after another (95-130 ms against 30-50 on a 2-core CPU),
-    all of it taken from the model's frames. So a connection in the middle of a large message reads while
-    it holds the turn; the others wait in line, their bytes in the kernel's buffers (TCP pushes back). The
-    holder passes the turn on when its message is whole or when it runs out of bytes at hand (a read
-    shorter than a full one): a slow sender holds no one up, and no byte waits for another's network."""
+    server twice the CPU of the same three one after another (29.5 against 13.5 ms each on a 2-core CPU,
+    `scripts/receive_cpu.py`; 19.2 ms in turn), all of it taken from the model's frames. So a connection
+    in the middle of a large message reads while it holds the turn; the others wait in line, their bytes
+    in the kernel's buffers (TCP pushes back). The holder passes the turn on when its message is whole or
+    when it runs out of bytes at hand (a read shorter than a full one): a slow sender holds no one up,
+    and no byte waits for another's network."""
 
     def __init__(self) -> None:
         self.holder: TurnTaker | None = None

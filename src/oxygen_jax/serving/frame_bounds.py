@@ -2,8 +2,8 @@
 
 websockets' parser costs the event loop per frame, not per byte of payload, so the server hands it tiny
 frames a slice at a time (a read full of them would hold the loop) but a frame's payload whole: 15 MB
-handed over in 16 KiB slices, with reading paused and resumed around every read, took the loop about
-twice the CPU of the same bytes handed over a read at a time. `FrameBounds` follows the opening
+handed over in 16 KiB slices, with reading paused and resumed around every read, took the server 28.5
+ms of CPU, a read at a time 13.5 ms (`scripts/receive_cpu.py`). `FrameBounds` follows the opening
 handshake's request to its blank line, then each frame's header (RFC 6455, section 5.2: two bytes, a
 16- or 64-bit length when the 7-bit one says 126 or 127, a 4-byte mask when the mask bit is set), and says
 how much of the payload under way is still to come. It only sizes what is handed over: websockets still
