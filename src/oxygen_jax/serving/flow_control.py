@@ -19,6 +19,7 @@ import asyncio
 import collections
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Hashable
 from typing import Protocol
@@ -178,6 +179,10 @@ class AddressThrottle:
         """How long until the address may offend again (0 when it is not throttled)."""
         bucket = self._buckets.get(address)
         return 0.0 if bucket is None else bucket.wait_s()
+
+    def retry_after(self, address: str) -> str:
+        """A 429's ``Retry-After``: whole seconds until the address may offend again."""
+        return str(math.ceil(self.wait_s(address)))
 
     def offended(self, address: str) -> None:
         bucket = self._buckets.get(address)

@@ -31,7 +31,6 @@ GPU when the cluster has any (JAX then sees that one), else `replica_cpus` CPUs.
 import asyncio
 import dataclasses
 import logging
-import math
 import signal
 from typing import Any
 
@@ -228,7 +227,7 @@ class ServerReplica:
         address = client.client.host if client.client else "?"
         if key is not None and self._failed_keys.throttled(address):
             await self._holds.hold(self._failed_keys.wait_s(address))
-            retry = {"Retry-After": str(math.ceil(self._failed_keys.wait_s(address)))}
+            retry = {"Retry-After": self._failed_keys.retry_after(address)}
             await client.send_denial_response(PlainTextResponse(KEYS_THROTTLED + "\n", 429, retry))
             return
         if key is not None and not tickets.header_carries_key(client.headers.getlist("authorization"), key):

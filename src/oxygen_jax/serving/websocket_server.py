@@ -83,7 +83,6 @@ import contextlib
 import dataclasses
 import http
 import logging
-import math
 import signal
 import threading
 import time
@@ -656,7 +655,7 @@ class _ConnectionHandler:
         address = _address(connection)
         await self._holds.hold(throttle.wait_s(address), self._draining)
         response = connection.respond(http.HTTPStatus.TOO_MANY_REQUESTS, detail + "\n")
-        response.headers["Retry-After"] = str(math.ceil(throttle.wait_s(address)))
+        response.headers["Retry-After"] = throttle.retry_after(address)
         return response
 
     async def _turn(self, connection: ServerConnection) -> str | None:
