@@ -519,7 +519,7 @@ def test_a_text_subscriber_that_stops_reading_is_closed_with_1008():
             while True:
                 stalled.recv(timeout=20)
                 received += 1
-        assert closed.value.rcvd.code == 1008
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1008, closed.value
         assert closed.value.rcvd.reason == "not reading: an event unsent for 0.5 s"
         assert received < 64
         assert metric(running.port, "oxygen_refusals_total", reason="slow_reader") == 1

@@ -99,7 +99,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.frames import DATA_OPCODES, CloseCode, Frame
 
 from oxygen_jax.errors import InvalidRequest
-from oxygen_jax.serving import metrics, msgpack_numpy
+from oxygen_jax.serving import message_memory, metrics, msgpack_numpy
 from oxygen_jax.serving.flow_control import (
     AddressThrottle,
     LogThrottle,
@@ -243,8 +243,10 @@ async def open_server(
     """Serve ``backend`` on the running loop while the block runs; yields the bound port.
 
     Leaving the block drains the server: it stops accepting, answers every request already received or
-    buffered, then closes every connection (within `ServerLimits.drain_timeout_s`).
+    buffered, then closes every connection (within `ServerLimits.drain_timeout_s`). Sets the process's
+    malloc to reuse large messages' memory (`message_memory`).
     """
+    message_memory.reuse_message_memory(_bytes(limits.max_message_mb))
     executor = ThreadPoolExecutor(infer_workers, thread_name_prefix="policy-infer")
     handler = _ConnectionHandler(backend, _backend_caller(backend, executor), limits)
     try:
