@@ -630,6 +630,25 @@ def test_large_messages_sent_at_once_on_several_connections_are_all_answered_bes
                 client.close()
 
 
+def test_a_large_message_is_read_at_most_at_the_receive_rate_and_answered():
+    """An 8 MiB request under `max_receive_mb_per_s=16`: its bytes past the last MiB are charged, the first
+    MiB is the bucket's burst, so at least 6 MiB wait for the rate (0.375 s, less one pause's threshold);
+    with no rate the same request is answered in well under half that."""
+    junk = np.zeros(8 * 2**20 - 64, np.uint8)
+    message = msgpack_numpy.packb({"state": STATE, "junk": junk})
+    elapsed = {}
+    for rate in (16.0, None):
+        limits = {"max_receive_mb_per_s": rate, "max_pending_mb": 16, "max_requests_per_s": None}
+        with served(**limits) as running, robot(running.port) as client:
+            start = time.monotonic()
+            client.send(message)
+            reply = msgpack_numpy.unpackb(client.recv(timeout=10))
+            elapsed[rate] = time.monotonic() - start
+            np.testing.assert_array_equal(reply["actions"], STATE * 3)
+    assert elapsed[16.0] >= 6 / 16 - websocket_server.MIN_RECEIVE_PAUSE_S, elapsed
+    assert elapsed[None] < elapsed[16.0] / 2, elapsed
+
+
 def test_the_read_budget_pauses_past_either_bound_and_never_a_connection_with_nothing_pending():
     budget = ReadBudget(per_connection=100, total=150)
     hog, other, idle = FakeReader(), FakeReader(), FakeReader()

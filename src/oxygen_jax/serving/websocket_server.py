@@ -58,7 +58,8 @@ No client can stall or lock out the others (`ServerLimits`):
   closed with 1008, and an address with ``FLOOD_BURST`` such closes gets HTTP 429 at the handshake, held
   as a failed key's, until ``FLOOD_RATE`` lets it in again);
   handshakes per second (``max_handshakes_per_s``, admitted ``HANDSHAKE_BURST_S`` of a second's worth at
-  once; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503).
+  once; more wait their turn, up to ``MAX_HANDSHAKE_WAIT_S``, then HTTP 503); and a large message's bytes
+  per connection and second (``max_receive_mb_per_s``; one connection at a time reads one, `ReceiveTurn`).
   Refusals are counted in ``oxygen_refusals_total{reason}`` and logged once per client and interval.
 
 A request is held once, and no longer than it is served: websockets' parser keeps no payload of the frame
@@ -168,6 +169,9 @@ FRAMES_PER_TURN = 64
 # asyncio's full size (its transports read at most this much) says more bytes may be at hand.
 LARGE_PAYLOAD = 2**20
 FULL_READ = 256 * 1024
+# Under `max_receive_mb_per_s` a connection ahead of its rate pauses reading once it is this far ahead, so a
+# 15 MB message pauses some fifteen times rather than at every read.
+MIN_RECEIVE_PAUSE_S = 0.004
 # What a bad request costs under `max_requests_per_s`, in requests: robots rarely send one, a flood of them
 # is the cheapest attack, and each costs the event loop (and the runtime thread, through the GIL).
 BAD_REQUEST_COST = 10
@@ -229,6 +233,10 @@ class ServerLimits:
     # New websocket connections in all, `HANDSHAKE_BURST_S` of them at once; past it a handshake waits
     # its turn.
     max_handshakes_per_s: float | None = 100.0
+    # A large message's bytes (`LARGE_PAYLOAD` or more) per second on one connection, `LARGE_PAYLOAD` of
+    # them at once: above a 1 Gbit/s link (119 MiB/s), so only a sender on the server's own host or a
+    # faster network meets it, where it keeps one from taking the CPU the model's frames need.
+    max_receive_mb_per_s: float | None = 200.0
 
 
 @contextlib.asynccontextmanager
@@ -413,6 +421,7 @@ class _Connection(ServerConnection):
 
     budget: ReadBudget | None = None  # set at admission
     turn: ReceiveTurn | None = None  # set at admission
+    receive_rate: TokenBucket | None = None  # a large message's bytes; set at admission
     last_data = 0.0
     last_frame = 0.0
     pending_bytes = 0
@@ -428,6 +437,7 @@ class _Connection(ServerConnection):
         self._frames_parsed = 0
         self._budget_paused = False
         self._turn_paused = False
+        self._rate_paused = False
 
     def data_received(self, data: bytes) -> None:
         self.last_data = time.monotonic()
@@ -438,6 +448,24 @@ class _Connection(ServerConnection):
             if len(self._unparsed) == len(data):  # no slice scheduled yet
                 self._parse_slice()
         self._take_turn(at_hand=len(data) >= getattr(self.transport, "max_size", FULL_READ))
+        if self._bounds.payload_left >= LARGE_PAYLOAD:
+            self._keep_rate(len(data))
+
+    def _keep_rate(self, received: int) -> None:
+        """Charges a large message's bytes to `receive_rate`; once `MIN_RECEIVE_PAUSE_S` ahead of it, reading
+        pauses until the rate catches up (the kernel's buffers fill and TCP slows the sender)."""
+        if self.receive_rate is None:
+            return
+        self.receive_rate.spend(received)
+        ahead_s = -self.receive_rate.tokens / self.receive_rate.rate
+        if ahead_s >= MIN_RECEIVE_PAUSE_S and not self._rate_paused:
+            self._rate_paused = True
+            self._apply_pause()
+            self.loop.call_later(ahead_s, self._rate_caught_up)
+
+    def _rate_caught_up(self) -> None:
+        self._rate_paused = False
+        self._apply_pause()
 
     def _parse_slice(self) -> None:
         """Parses the next slice of the read; while any is left, reading pauses and the rest waits for the
@@ -517,7 +545,9 @@ class _Connection(ServerConnection):
 
     def leave_flow_control(self) -> None:
         """The connection is gone: what it left pending (a handler may still take it) no longer counts,
-        and it waits for no turn."""
+        and it waits for no turn and no rate."""
+        self.receive_rate = None
+        self._rate_paused = False
         if self.budget is not None:
             self.budget.forget(self)
             self.budget = None
@@ -547,7 +577,7 @@ class _Connection(ServerConnection):
         """Reads while neither the budget nor a read still being parsed holds it back."""
         if self.transport.is_closing():
             return
-        if self._budget_paused or self._turn_paused or self._unparsed:
+        if self._budget_paused or self._turn_paused or self._rate_paused or self._unparsed:
             self.transport.pause_reading()
         else:
             self.transport.resume_reading()
@@ -729,6 +759,8 @@ class _ConnectionHandler:
         self._per_ip[_address(connection)] += 1
         if isinstance(connection, _Connection):
             connection.budget, connection.turn = self._budget, self._receive_turn
+            rate = _bytes(self._limits.max_receive_mb_per_s)
+            connection.receive_rate = None if rate is None else TokenBucket(rate, LARGE_PAYLOAD)
         release = asyncio.ensure_future(connection.wait_closed())
         self._releases.add(release)
         release.add_done_callback(lambda task: self._free_slot(connection, task))

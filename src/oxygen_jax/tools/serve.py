@@ -34,8 +34,8 @@ own (`--max_connections`, `--max_text_subscribers`, `--max_connections_per_ip`),
 request received before it (refusing later ones in one line) before closing, within `--drain_timeout_s`.
 What a client can make the server hold or do is bounded: its unread requests in bytes
 (`--max_pending_mb`, `--max_pending_total_mb`: past them the server stops reading it), its requests a
-second (`--max_requests_per_s`), new connections a second (`--max_handshakes_per_s`) and failed API keys
-per address. `--api_key` (or
+second (`--max_requests_per_s`), new connections a second (`--max_handshakes_per_s`), a large message's
+bytes a second (`--max_receive_mb_per_s`) and failed API keys per address. `--api_key` (or
 $OXYGEN_API_KEY) makes robots and `/text` send `Authorization: Api-Key <key>` (openpi-client's `api_key`);
 `GET /healthz` and `GET /readyz` stay open (docs/serving.md).
 
@@ -192,6 +192,13 @@ _MAX_HANDSHAKES_PER_S = flags.DEFINE_float(
     "to 5 s, then HTTP 503) (0: no limit).",
     lower_bound=0,
 )
+_MAX_RECEIVE_MB_PER_S = flags.DEFINE_float(
+    "max_receive_mb_per_s",
+    200.0,
+    "MiB a second one connection may send of a message of 1 MiB or more (above a 1 Gbit/s link); ahead of "
+    "it, reading pauses (0: no limit).",
+    lower_bound=0,
+)
 API_KEY_ENV = "OXYGEN_API_KEY"
 _API_KEY = flags.DEFINE_string(
     "api_key",
@@ -297,6 +304,7 @@ def server_config() -> ServerConfig:
         max_pending_total_mb=_MAX_PENDING_TOTAL_MB.value or None,
         max_requests_per_s=_MAX_REQUESTS_PER_S.value or None,
         max_handshakes_per_s=_MAX_HANDSHAKES_PER_S.value or None,
+        max_receive_mb_per_s=_MAX_RECEIVE_MB_PER_S.value or None,
         api_key=_API_KEY.value or os.environ.get(API_KEY_ENV) or None,
         debug_errors=_DEBUG_ERRORS.value,
     )
