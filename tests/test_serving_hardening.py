@@ -37,14 +37,23 @@ class StreamingBackend:
         self.metadata = {"name": "tripler"}
         self.ready = True
         self._listeners: list[Callable[[dict], None]] = []
+        self._subscribed = threading.Condition()
 
     def infer(self, obs: dict) -> dict:
         time.sleep(float(obs.get("sleep_s", 0.0)))
         return {"actions": np.asarray(obs["state"]) * 3}
 
     def subscribe_text(self, listener: Callable[[dict], None]) -> Callable[[], None]:
-        self._listeners.append(listener)
+        with self._subscribed:
+            self._listeners.append(listener)
+            self._subscribed.notify_all()
         return lambda: self._listeners.remove(listener)
+
+    def wait_for_subscriber(self) -> None:
+        """The server subscribes a `/text` client after its handshake, so an event published as soon as
+        the client connects could precede the subscription and never reach it."""
+        with self._subscribed:
+            assert self._subscribed.wait_for(lambda: self._listeners, timeout=10)
 
     def publish(self, text: str) -> None:
         for listener in list(self._listeners):
@@ -130,6 +139,7 @@ def test_an_idle_subscriber_is_closed_but_one_that_is_sent_events_is_not():
     # the subscriber that is sent events.
     with served(ServerLimits(idle_timeout_s=1.0)) as running:
         with websocket(running.port, "/text") as reading:
+            running._backend.wait_for_subscriber()
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline:  # three idle timeouts, an event every 0.1 s
                 running._backend.publish("tick")
