@@ -511,6 +511,7 @@ def test_a_text_subscriber_that_stops_reading_is_closed_with_1008():
     idle timeout, it is closed with 1008 (policy violation), not 1011 (an internal error)."""
     limits = {"idle_timeout_s": 0.5}
     with served(**limits) as running, websocket(running.port, "/text", max_queue=1, max_size=None) as stalled:
+        running._backend.wait_for_subscriber()
         for _ in range(64):
             running._backend.publish("x" * 2**20)
         time.sleep(2)  # reads nothing meanwhile

@@ -415,7 +415,8 @@ def _backend_caller(
 
 class _Connection(ServerConnection):
     """A server connection that counts the messages it received and its handler has not taken (their
-    bytes in the server's `ReadBudget`, which pauses its reading past a bound), and notes when bytes last
+    bytes in the server's `ReadBudget`, which pauses its reading past a bound), reads a large message one
+    connection at a time (`ReceiveTurn`) and at most at its receive rate, and notes when bytes last
     arrived and when a frame last ended, so a drain can tell a connection in the middle of receiving a
     message from an idle one."""
 
