@@ -458,7 +458,7 @@ class _Connection(ServerConnection):
         if self.receive_rate is None:
             return
         self.receive_rate.spend(received)
-        ahead_s = -self.receive_rate.tokens / self.receive_rate.rate
+        ahead_s = self.receive_rate.wait_s()
         if ahead_s >= MIN_RECEIVE_PAUSE_S and not self._rate_paused:
             self._rate_paused = True
             self._apply_pause()
